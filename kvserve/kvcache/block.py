@@ -1,0 +1,36 @@
+"""A physical KV block and its bookkeeping."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ROOT_CACHE_ID = -1
+"""Parent cache id of a first block: the chain starts at the hasher's root."""
+
+
+@dataclass(slots=True, eq=False)
+class KVBlock:
+    """One page of the pool.
+
+    While cached, `block_hash` keys it in its group's index and the fields
+    below let a hit be verified: its tokens, its extra keys and the
+    registration (`cache_id`) of the parent it was chained to. Verifying the
+    parent's registration, not just its hash, is what makes a collision
+    anywhere up the chain a miss rather than a wrong hit.
+    """
+
+    block_id: int
+    ref_cnt: int = 0
+    block_hash: bytes | None = None
+    group: int = -1
+    token_ids: tuple[int, ...] | None = None
+    extra: bytes = b""
+    parent_cache_id: int = 0
+    cache_id: int = 0
+    """Unique per registration; 0 while not cached."""
+    computed: bool = False
+    """False while pending: registered, filled by the step being scheduled."""
+
+    @property
+    def is_cached(self) -> bool:
+        return self.block_hash is not None

@@ -1,0 +1,95 @@
+"""Chained block hashes: the identity of a hash block's KV.
+
+A block's hash covers its parent's hash, its token ids and the request's extra
+keys, so equal hashes mean equal prefixes. The root is derived from a seed, not
+from the process, so engines on different machines agree (LMCache #1139).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Callable
+
+import xxhash
+
+HASH_FUNCTIONS: dict[str, Callable[[bytes], bytes]] = {
+    "sha256": lambda data: hashlib.sha256(data).digest(),
+    "xxh3_128": xxhash.xxh3_128_digest,
+}
+
+DEFAULT_HASH = "sha256"
+DEFAULT_SEED = 0
+
+
+def extra_key_bytes(lora_name: str | None, cache_salt: str | None) -> tuple[bytes, bytes]:
+    """Extra keys as (first block, other blocks) suffixes.
+
+    The salt only enters the first block: every later hash chains from it, so
+    tenants diverge from the root. The LoRA name enters every block. Each part
+    is length-prefixed so no two key sets encode alike.
+    """
+    lora = b"" if lora_name is None else b"L" + _with_len(lora_name.encode())
+    salt = b"" if cache_salt is None else b"S" + _with_len(cache_salt.encode())
+    return salt + lora, lora
+
+
+def _with_len(data: bytes) -> bytes:
+    return struct.pack("<I", len(data)) + data
+
+
+class BlockHasher:
+    """Hashes `block_size`-token chunks, each chained to its parent.
+
+    `hash_fn` may be a name in HASH_FUNCTIONS or any bytes -> bytes callable
+    (tests inject weak ones to provoke collisions).
+    """
+
+    __slots__ = ("_digest", "_pack", "block_size", "hash_name", "root", "seed")
+
+    def __init__(
+        self,
+        block_size: int,
+        hash_fn: str | Callable[[bytes], bytes] = DEFAULT_HASH,
+        seed: int = DEFAULT_SEED,
+    ) -> None:
+        if block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        if isinstance(hash_fn, str):
+            if hash_fn not in HASH_FUNCTIONS:
+                raise ValueError(
+                    f"unknown hash function {hash_fn!r}; choose one of {sorted(HASH_FUNCTIONS)}"
+                )
+            self.hash_name = hash_fn
+            self._digest = HASH_FUNCTIONS[hash_fn]
+        else:
+            self.hash_name = getattr(hash_fn, "__name__", "custom")
+            self._digest = hash_fn
+        self.block_size = block_size
+        self.seed = seed
+        self._pack = struct.Struct(f"<{block_size}I").pack
+        self.root = self._digest(b"kvserve-root:" + str(seed).encode())
+
+    def hash_block(self, parent: bytes, token_ids: list[int], extra: bytes = b"") -> bytes:
+        """H(parent, token_ids, extra) for one full block."""
+        return self._digest(parent + self._pack(*token_ids) + extra)
+
+    def extend(self, hashes: list[bytes], token_ids: list[int], extra: tuple[bytes, bytes]) -> None:
+        """Append the hashes of blocks that became full since the last call.
+
+        Incremental: each chunk is hashed once, as its last token arrives.
+        """
+        bs = self.block_size
+        n = len(hashes)
+        end = len(token_ids) // bs
+        if n >= end:
+            return
+        digest, pack = self._digest, self._pack
+        parent = hashes[-1] if n else self.root
+        first_extra, other_extra = extra
+        for i in range(n, end):
+            start = i * bs
+            parent = digest(
+                parent + pack(*token_ids[start : start + bs]) + (other_extra if i else first_extra)
+            )
+            hashes.append(parent)

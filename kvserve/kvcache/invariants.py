@@ -1,0 +1,119 @@
+"""DESIGN.md's invariants as a checker: tests and `simulate --check` call it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from kvserve.kvcache.manager import KVCacheManager
+from kvserve.kvcache.sequence import CacheSequence
+
+
+class InvariantError(AssertionError):
+    """A DESIGN.md invariant does not hold."""
+
+
+def count_duplicate_blocks(
+    manager: KVCacheManager, seqs: Iterable[CacheSequence], num_computed: dict[str, int]
+) -> int:
+    """Physical blocks holding content that another held block also holds.
+
+    Content identity is the chained hash of the computed full block, so this
+    counts what an exact cache would store once and we store more than once.
+    """
+    bs = manager.block_size
+    duplicates = 0
+    for group in manager.groups:
+        first_holder: dict[bytes, int] = {}
+        extra: set[int] = set()
+        for seq in seqs:
+            table = seq.kv_blocks[group.group_id]
+            full = min(num_computed[seq.request_id], len(seq.token_ids)) // bs
+            manager.hasher.extend(seq.block_hashes, seq.token_ids, seq.extra_keys)
+            for i in range(min(full, len(table))):
+                block_id = table[i].block_id
+                holder = first_holder.setdefault(seq.block_hashes[i], block_id)
+                if holder != block_id:
+                    extra.add(block_id)
+        duplicates += len(extra)
+    return duplicates
+
+
+def check_invariants(
+    manager: KVCacheManager,
+    seqs: Iterable[CacheSequence],
+    num_computed: dict[str, int] | None = None,
+    *,
+    between_steps: bool = True,
+) -> None:
+    """Raise InvariantError naming the first broken invariant.
+
+    `seqs`: every sequence that holds blocks. `num_computed`: request id ->
+    computed tokens; when given, slots and duplicates are checked too.
+    """
+    seqs = list(seqs)
+    pool = manager.pool
+    bs = manager.block_size
+    holders = [0] * len(pool.blocks)
+    for seq in seqs:
+        for table in seq.kv_blocks:
+            for block in table:
+                holders[block.block_id] += 1
+        for _, _, copy in seq.merges:
+            holders[copy.block_id] += 1
+    # 1. ref counts equal holders; the null block is never handed out.
+    if holders[0] or pool.null_block.ref_cnt:
+        raise InvariantError("null block is held or counted")
+    for block in pool.blocks[1:]:
+        if block.ref_cnt != holders[block.block_id]:
+            raise InvariantError(
+                f"block {block.block_id}: ref_cnt {block.ref_cnt} != {holders[block.block_id]} holders"
+            )
+    # 2. free + used = total; the queue holds exactly the unreferenced blocks, once.
+    free_ids = pool.free_block_ids()
+    if len(free_ids) != len(set(free_ids)):
+        raise InvariantError("a block is in the free queue twice")
+    if 0 in free_ids:
+        raise InvariantError("null block in the free queue")
+    expected_free = {b.block_id for b in pool.blocks[1:] if b.ref_cnt == 0}
+    if set(free_ids) != expected_free:
+        raise InvariantError("free queue differs from the set of unreferenced blocks")
+    if pool.num_free + pool.num_used != pool.num_usable:
+        raise InvariantError("free + used != total")
+    # 3. index entries describe their blocks; held cached blocks hold the sequence's tokens.
+    for group_id, index in enumerate(pool.index):
+        for block_hash, block in index.items():
+            if block.block_hash != block_hash or block.group != group_id:
+                raise InvariantError(f"index entry for block {block.block_id} is stale")
+            if between_steps and not block.computed:
+                raise InvariantError(f"block {block.block_id} still pending between steps")
+    for seq in seqs:
+        if len(seq.block_hashes) * bs < len(seq.token_ids) - bs + 1:
+            manager.hasher.extend(seq.block_hashes, seq.token_ids, seq.extra_keys)
+        for table in seq.kv_blocks:
+            for i, block in enumerate(table):
+                if block.block_hash is None:
+                    continue
+                if block.block_hash != seq.block_hashes[i]:
+                    raise InvariantError(
+                        f"{seq.request_id}: block {i} is cached under another prefix's hash"
+                    )
+                if block.token_ids != seq.token_ids[i * bs : (i + 1) * bs]:
+                    raise InvariantError(
+                        f"{seq.request_id}: block {i} tokens differ from its entry"
+                    )
+    if num_computed is None:
+        return
+    # 6. slots exist for exactly the computed tokens.
+    for seq in seqs:
+        need = -(-num_computed[seq.request_id] // bs)
+        for table in seq.kv_blocks:
+            if len(table) != need:
+                raise InvariantError(
+                    f"{seq.request_id}: {len(table)} blocks for "
+                    f"{num_computed[seq.request_id]} computed tokens (need {need})"
+                )
+    # 7. identical full blocks are never held twice.
+    if manager.enable_caching:
+        duplicates = count_duplicate_blocks(manager, seqs, num_computed)
+        if duplicates:
+            raise InvariantError(f"{duplicates} duplicate blocks held")

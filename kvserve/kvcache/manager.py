@@ -1,0 +1,263 @@
+"""The manager facade the scheduler talks to, and the coordinator of groups.
+
+One pool serves every group. Allocation is atomic and in two phases: first
+every group's local prefix hits are taken, then new blocks are handed out, so
+one group's allocation can never evict another group's hit (vLLM #44409).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kvserve.kvcache.block import KVBlock
+from kvserve.kvcache.block_pool import BlockPool
+from kvserve.kvcache.groups import FullAttentionGroup
+from kvserve.kvcache.hashing import DEFAULT_HASH, DEFAULT_SEED, BlockHasher, extra_key_bytes
+from kvserve.kvcache.sequence import CacheSequence
+from kvserve.kvcache.specs import FullAttentionSpec, KVCacheSpec
+
+
+@dataclass(slots=True)
+class KVCacheConfig:
+    """What the manager needs to know; the engine and `simulate` fill it."""
+
+    num_blocks: int
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    hash_fn: str | Callable[[bytes], bytes] = DEFAULT_HASH
+    hash_seed: int = DEFAULT_SEED
+    verify_hits: bool = True
+    """Compare a hit's token ids before using it (a collision becomes a miss)."""
+    specs: list[KVCacheSpec] | None = None
+    """One spec per group; default: one full-attention group."""
+
+
+@dataclass(slots=True)
+class PrefixHit:
+    """Cached blocks a request can start from, per group, and the tokens they save."""
+
+    blocks: list[list[KVBlock]]
+    num_tokens: int
+    skip_write_tokens: int = 0
+    """> 0 when the whole sequence is cached: its last token is recomputed for
+    its logits, but its K/V already sits in a shared block and is not written."""
+
+
+@dataclass(slots=True)
+class KVCacheStats:
+    """Counters; `duplicate blocks` are measured by kvserve.kvcache.invariants."""
+
+    query_tokens: int = 0
+    hit_tokens: int = 0
+    peak_blocks_used: int = 0
+    merges: int = 0
+
+
+class KVCacheManager:
+    """Longest cached prefix, slots for exactly the scheduled tokens, free.
+
+    Every method either fully succeeds or changes nothing. The scheduler owns
+    token counts; the manager owns blocks (see CacheSequence).
+    """
+
+    def __init__(self, config: KVCacheConfig) -> None:
+        specs = config.specs or [FullAttentionSpec(block_size=config.block_size)]
+        for spec in specs:
+            if spec.block_size != config.block_size:
+                raise ValueError(
+                    f"group block size {spec.block_size} != hash block size {config.block_size}"
+                )
+        self.config = config
+        self.block_size = config.block_size
+        self.enable_caching = config.enable_prefix_caching
+        self.hasher = BlockHasher(config.block_size, config.hash_fn, config.hash_seed)
+        self.pool = BlockPool(config.num_blocks, num_groups=len(specs))
+        self.groups = [
+            FullAttentionGroup(i, spec, self.pool, config.verify_hits)
+            for i, spec in enumerate(specs)
+        ]
+        self.stats = KVCacheStats()
+        self._merging: list[CacheSequence] = []
+        self._empty_hit = PrefixHit([[] for _ in specs], 0)
+
+    # -- requests ---------------------------------------------------------------
+
+    def add_sequence(self, seq: CacheSequence) -> None:
+        """Prepare a new sequence: extra keys, empty block tables, prompt hashes."""
+        seq.extra_keys = extra_key_bytes(seq.lora_name, seq.cache_salt)
+        seq.kv_blocks = [[] for _ in self.groups]
+        seq.num_cached_blocks = 0
+        if self.enable_caching:
+            self._hash(seq)
+
+    def _hash(self, seq: CacheSequence) -> None:
+        try:
+            self.hasher.extend(seq.block_hashes, seq.token_ids, seq.extra_keys)
+        except Exception as exc:  # struct.error for ids outside uint32
+            raise ValueError(
+                f"request {seq.request_id}: token ids must be integers in [0, 2**32): {exc}"
+            ) from None
+
+    def get_computed_blocks(self, seq: CacheSequence, num_computed_tokens: int = 0) -> PrefixHit:
+        """Longest cached continuation of what `seq` already holds. No side effects.
+
+        Called at admission (nothing held yet) and again before each further
+        prefill chunk that starts on a block boundary (another request may
+        have cached the next blocks meanwhile). The hit never covers the last
+        token: it is computed for its logits; if every block is cached, its
+        write is skipped instead (DESIGN invariant 5).
+        """
+        num_tokens = len(seq.token_ids)
+        bs = self.block_size
+        held = len(seq.kv_blocks[0])
+        if (
+            not self.enable_caching
+            or held * bs != num_computed_tokens
+            or num_computed_tokens >= num_tokens - 1
+        ):
+            return self._empty_hit
+        if len(seq.block_hashes) * bs + bs <= num_tokens:
+            self._hash(seq)
+        # Each group may only shorten the candidate; full attention accepts any
+        # prefix it holds, so one pass reaches the fixed point.
+        candidate = num_tokens // bs
+        found_per_group = []
+        for group in self.groups:
+            found = group.find_hit(seq, held, candidate)
+            candidate = held + len(found)
+            if candidate == held:
+                return self._empty_hit
+            found_per_group.append(found)
+        blocks = [found[: candidate - held] for found in found_per_group]
+        end = candidate * bs
+        if end >= num_tokens:
+            return PrefixHit(blocks, num_tokens - 1 - num_computed_tokens, skip_write_tokens=end)
+        return PrefixHit(blocks, end - num_computed_tokens)
+
+    def allocate_slots(
+        self,
+        seq: CacheSequence,
+        num_new_tokens: int,
+        num_computed_tokens: int,
+        hit: PrefixHit | None = None,
+        num_lookahead_tokens: int = 0,
+    ) -> bool:
+        """Give `seq` slots for `num_new_tokens` tokens after its computed ones.
+
+        `num_computed_tokens` already includes `hit.num_tokens`. All or
+        nothing: returns False and changes nothing when the pool is short.
+        Full blocks whose tokens are all scheduled are registered now, as
+        pending, so a request admitted later in this same step shares them.
+        """
+        end = num_computed_tokens + num_new_tokens
+        total = end + num_lookahead_tokens
+        pool = self.pool
+        if hit is None or not hit.num_tokens:
+            # Fast path (decodes, chunks): no hit blocks to take.
+            need = 0
+            for group in self.groups:
+                need += max(0, group.num_new_blocks(seq, total, 0))
+            if need:
+                if need > pool.num_free:
+                    return False
+                for group in self.groups:
+                    n = group.num_new_blocks(seq, total, 0)
+                    if n > 0:
+                        seq.kv_blocks[group.group_id].extend(pool.take(n))
+                used = pool.num_used
+                if used > self.stats.peak_blocks_used:
+                    self.stats.peak_blocks_used = used
+        else:
+            hit_blocks = hit.blocks
+            needs = [
+                max(0, group.num_new_blocks(seq, total, len(hit_blocks[group.group_id])))
+                for group in self.groups
+            ]
+            reclaimed = sum(1 for blocks in hit_blocks for b in blocks if b.ref_cnt == 0)
+            if sum(needs) > pool.num_free - reclaimed:
+                return False
+            # Phase 1: take every group's local hits before anything is allocated.
+            for group in self.groups:
+                blocks = hit_blocks[group.group_id]
+                pool.touch(blocks)
+                seq.kv_blocks[group.group_id].extend(blocks)
+            seq.num_cached_blocks = len(seq.kv_blocks[0])
+            if hit.skip_write_tokens:
+                seq.skip_write_tokens = hit.skip_write_tokens
+            # Phase 2: new blocks for every group.
+            for group, n in zip(self.groups, needs, strict=True):
+                if n:
+                    seq.kv_blocks[group.group_id].extend(pool.take(n))
+            self.stats.hit_tokens += hit.num_tokens
+            used = pool.num_used
+            if used > self.stats.peak_blocks_used:
+                self.stats.peak_blocks_used = used
+        if self.enable_caching and not seq.cache_chain_broken:
+            full = end // self.block_size
+            start = seq.num_cached_blocks
+            if full > start:
+                if len(seq.block_hashes) < full:
+                    self._hash(seq)
+                had_merges = bool(seq.merges)
+                for group in self.groups:
+                    group.cache_full_blocks(seq, start, full)
+                seq.num_cached_blocks = full
+                if seq.merges and not had_merges:
+                    self._merging.append(seq)
+        return True
+
+    def record_query(self, num_tokens: int) -> None:
+        """Count prompt tokens offered to the prefix cache (once per admission)."""
+        self.stats.query_tokens += num_tokens
+
+    def end_step(self) -> None:
+        """After the runner: pending blocks are computed; duplicates merge away."""
+        release = self.pool.release
+        for seq in self._merging:
+            for group_id, i, copy in seq.merges:
+                table = seq.kv_blocks[group_id]
+                own = table[i]
+                table[i] = copy
+                release((own,))
+                self.stats.merges += 1
+            seq.merges.clear()
+        self._merging.clear()
+        self.pool.end_step()
+
+    def free(self, seq: CacheSequence) -> None:
+        """Return every block of `seq` (tail first, so the tail is evicted first)."""
+        release = self.pool.release
+        for table in seq.kv_blocks:
+            release(reversed(table))
+            table.clear()
+        if seq.merges:
+            release([copy for _, _, copy in seq.merges])
+            seq.merges.clear()
+            if seq in self._merging:
+                self._merging.remove(seq)
+        seq.num_cached_blocks = 0
+        seq.cache_chain_broken = False
+        seq.skip_write_tokens = 0
+
+    def block_ids(self, seq: CacheSequence) -> list[list[int]]:
+        """Block table per group, for the runner."""
+        return [[b.block_id for b in table] for table in seq.kv_blocks]
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cached block; refused (False) while any request holds blocks."""
+        return self.pool.reset_prefix_cache()
+
+    # -- introspection ----------------------------------------------------------
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free
+
+    @property
+    def num_usable_blocks(self) -> int:
+        return self.pool.num_usable
+
+    def blocks_for_tokens(self, num_tokens: int) -> int:
+        """Blocks one request of `num_tokens` tokens needs in every group together."""
+        return len(self.groups) * -(-num_tokens // self.block_size)
