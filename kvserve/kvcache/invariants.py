@@ -64,9 +64,10 @@ def check_invariants(
     if holders[0] or pool.null_block.ref_cnt:
         raise InvariantError("null block is held or counted")
     for block in pool.blocks[1:]:
-        if block.ref_cnt != holders[block.block_id]:
+        held_by = holders[block.block_id]
+        if block.ref_cnt != held_by:
             raise InvariantError(
-                f"block {block.block_id}: ref_cnt {block.ref_cnt} != {holders[block.block_id]} holders"
+                f"block {block.block_id}: ref_cnt {block.ref_cnt} != {held_by} holders"
             )
     # 2. free + used = total; the queue holds exactly the unreferenced blocks, once.
     free_ids = pool.free_block_ids()

@@ -1,0 +1,270 @@
+"""Continuous batching over the KV cache manager, shared by `simulate` and the engine.
+
+Each step: running requests first (decodes and further prefill chunks, in
+admission order), preempting the most recently admitted when blocks run out;
+then waiting requests in arrival order while the token budget, `max_num_seqs`
+and the pool allow. A prompt longer than the remaining budget is chunked, so a
+step can mix prefill chunks and decodes (as vLLM v1 does).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kvserve.engine.request import Request, RequestStatus
+from kvserve.kvcache.manager import KVCacheManager
+
+
+@dataclass(slots=True)
+class SchedulerConfig:
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(
+                f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}"
+            )
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
+
+
+@dataclass(slots=True)
+class ScheduledChunk:
+    """`num_tokens` tokens of `request`, starting at position `start`."""
+
+    request: Request
+    start: int
+    num_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        """True when the chunk reaches the sequence's last token (its logits are used)."""
+        return self.start + self.num_tokens == len(self.request.token_ids)
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    rejected: list[Request] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks)
+
+
+@dataclass(slots=True)
+class SchedulerStats:
+    prompt_tokens: int = 0
+    prefill_tokens_computed: int = 0
+    decode_tokens_computed: int = 0
+    prefix_hit_tokens: int = 0
+    preemptions: int = 0
+    rejected: int = 0
+    steps: int = 0
+    manager_seconds: float = 0.0
+    """Wall time inside KV cache manager calls (hashing, lookup, allocate, free)."""
+
+
+StopFn = Callable[[Request, int], RequestStatus | None]
+"""Engine hook: the finish status a new token causes, or None to go on."""
+
+
+class Scheduler:
+    """FCFS continuous batching; owns request state, asks the manager for blocks."""
+
+    def __init__(
+        self,
+        manager: KVCacheManager,
+        config: SchedulerConfig | None = None,
+        stop_fn: StopFn | None = None,
+    ) -> None:
+        self.manager = manager
+        self.config = config or SchedulerConfig()
+        self.stop_fn = stop_fn
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.stats = SchedulerStats()
+        self._prefill_end: dict[str, int] = {}
+
+    # -- requests ---------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        """Queue a request; raises ValueError (and keeps nothing) if it can never run."""
+        reason = self._never_fits(request)
+        if reason:
+            raise ValueError(f"request {request.request_id}: {reason}")
+        t0 = time.perf_counter()
+        self.manager.add_sequence(request)
+        self.stats.manager_seconds += time.perf_counter() - t0
+        self.stats.prompt_tokens += request.num_prompt_tokens
+        request.status = RequestStatus.WAITING
+        self.waiting.append(request)
+
+    def _never_fits(self, request: Request) -> str | None:
+        if not request.token_ids:
+            return "the prompt is empty"
+        if request.max_tokens < 1:
+            return f"max_tokens must be >= 1, got {request.max_tokens}"
+        # The last generated token is never fed back, so it needs no slot.
+        need = request.num_prompt_tokens + request.max_tokens - 1
+        limit = self.config.max_model_len
+        if limit is not None and need + 1 > limit:
+            return (
+                f"prompt ({request.num_prompt_tokens} tokens) + max_tokens "
+                f"({request.max_tokens}) exceeds max_model_len ({limit})"
+            )
+        blocks = self.manager.blocks_for_tokens(need)
+        if blocks > self.manager.num_usable_blocks:
+            return (
+                f"prompt ({request.num_prompt_tokens} tokens) + max_tokens ({request.max_tokens}) "
+                f"needs {blocks} KV blocks but the pool has only "
+                f"{self.manager.num_usable_blocks}"
+            )
+        return None
+
+    def abort_request(self, request: Request) -> None:
+        """Drop a request between steps; its blocks are freed (still findable)."""
+        if request.status.finished:
+            return
+        if request in self.waiting:
+            self.waiting.remove(request)
+        if request in self.running:
+            self.running.remove(request)
+            self._free(request)
+        request.status = RequestStatus.FINISHED_ABORTED
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # -- one step ---------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        """Choose this step's chunks; every chunk has its slots allocated."""
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        manager = self.manager
+        clock = time.perf_counter
+        t0 = clock()
+        running = self.running
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            computed = req.num_computed_tokens
+            hit = None
+            if computed < len(req.token_ids) - 1:
+                hit = manager.get_computed_blocks(req, computed)
+                if not hit.num_tokens:
+                    hit = None
+                else:
+                    computed += hit.num_tokens
+            num_new = self._chunk(req, computed, budget)
+            while not manager.allocate_slots(req, num_new, computed, hit):
+                victim = running.pop()
+                self._preempt(victim, out)
+                if victim is req:
+                    break
+            else:
+                if hit is not None:
+                    self.stats.prefix_hit_tokens += hit.num_tokens
+                    req.num_computed_tokens = computed
+                out.chunks.append(ScheduledChunk(req, computed, num_new))
+                budget -= num_new
+                i += 1
+        waiting = self.waiting
+        max_seqs = self.config.max_num_seqs
+        while waiting and budget > 0 and len(running) < max_seqs:
+            req = waiting[0]
+            hit = manager.get_computed_blocks(req, 0)
+            computed = hit.num_tokens
+            num_new = self._chunk(req, computed, budget)
+            if not manager.allocate_slots(req, num_new, computed, hit):
+                break
+            waiting.popleft()
+            manager.record_query(len(req.token_ids))
+            if req.num_cached_tokens < 0:
+                req.num_cached_tokens = computed
+            req.num_computed_tokens = computed
+            req.status = RequestStatus.RUNNING
+            self._prefill_end[req.request_id] = len(req.token_ids)
+            self.stats.prefix_hit_tokens += computed
+            running.append(req)
+            out.chunks.append(ScheduledChunk(req, computed, num_new))
+            budget -= num_new
+        self.stats.manager_seconds += clock() - t0
+        return out
+
+    def _chunk(self, req: Request, computed: int, budget: int) -> int:
+        """Tokens to schedule: all that remain, or a budget-sized chunk.
+
+        A partial chunk ends on a block boundary when it can, so the next
+        chunk may start with blocks another request cached meanwhile.
+        """
+        remaining = len(req.token_ids) - computed
+        if remaining <= budget:
+            return remaining
+        end = computed + budget
+        aligned = end - end % self.manager.block_size
+        return aligned - computed if aligned > computed else budget
+
+    def _preempt(self, req: Request, out: SchedulerOutput) -> None:
+        """Free all blocks of `req` and queue it first; it recomputes (mostly hits) later."""
+        self._free(req)
+        req.status = RequestStatus.WAITING
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        self.stats.preemptions += 1
+        self.waiting.appendleft(req)
+        out.preempted.append(req)
+
+    def _free(self, req: Request) -> None:
+        self.manager.free(req)
+        self._prefill_end.pop(req.request_id, None)
+
+    def update(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
+        """Apply a finished step: advance computed tokens, append samples, finish.
+
+        `sampled` maps request id -> new token for every chunk that samples.
+        Returns the requests that finished in this step.
+        """
+        clock = time.perf_counter
+        t0 = clock()
+        self.manager.end_step()
+        self.stats.manager_seconds += clock() - t0
+        self.stats.steps += 1
+        finished: list[Request] = []
+        stats = self.stats
+        for chunk in out.chunks:
+            req = chunk.request
+            prefill_end = self._prefill_end[req.request_id]
+            prefill = min(chunk.num_tokens, max(0, prefill_end - chunk.start))
+            stats.prefill_tokens_computed += prefill
+            stats.decode_tokens_computed += chunk.num_tokens - prefill
+            req.num_computed_tokens = chunk.start + chunk.num_tokens
+            if not chunk.samples:
+                continue
+            token = sampled[req.request_id]
+            req.token_ids.append(token)
+            status = None
+            if self.stop_fn is not None:
+                status = self.stop_fn(req, token)
+            if status is None and req.num_output_tokens >= req.max_tokens:
+                status = RequestStatus.FINISHED_LENGTH
+            if status is not None:
+                req.status = status
+                finished.append(req)
+        if finished:
+            t0 = clock()
+            for req in finished:
+                self._free(req)
+            self.stats.manager_seconds += clock() - t0
+            done = set(map(id, finished))
+            self.running = [r for r in self.running if id(r) not in done]
+        return finished

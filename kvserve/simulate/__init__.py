@@ -1,0 +1,1 @@
+"""`kvserve simulate`: the real scheduler and KV manager with a model-free runner."""

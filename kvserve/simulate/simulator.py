@@ -1,0 +1,163 @@
+"""The simulation loop and its report."""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kvserve.engine.model_free_runner import ModelFreeRunner
+from kvserve.engine.request import Request
+from kvserve.engine.scheduler import Scheduler, SchedulerConfig
+from kvserve.kvcache.invariants import check_invariants
+from kvserve.kvcache.manager import KVCacheConfig, KVCacheManager
+from kvserve.simulate.tracker import ContentTracker
+from kvserve.simulate.workloads import SimRequest, Workload
+
+DEFAULT_MAX_BLOCKS = 1_000_000
+"""Cap on the default ("ample") pool: a long trace would otherwise ask for millions."""
+
+
+@dataclass(slots=True)
+class SimConfig:
+    block_size: int = 16
+    num_blocks: int | None = None
+    """None: enough that nothing is ever evicted (capped at DEFAULT_MAX_BLOCKS)."""
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    enable_prefix_caching: bool = True
+    hash_fn: str = "sha256"
+    hash_seed: int = 0
+    verify_hits: bool = True
+    check: bool = False
+    """Verify every DESIGN invariant after every step (slow)."""
+
+
+def ample_blocks(workload: Workload, block_size: int) -> int:
+    reqs = len(workload.requests)
+    need = workload.max_total_tokens // block_size + 2 * max(reqs, 1) + 1
+    return min(need, DEFAULT_MAX_BLOCKS)
+
+
+def simulate(
+    workload: Workload,
+    config: SimConfig,
+    progress: Callable[[int], None] | None = None,
+) -> dict:
+    """Run `workload` to completion; returns the report (see README for the keys)."""
+    num_blocks = config.num_blocks or ample_blocks(workload, config.block_size)
+    manager = KVCacheManager(
+        KVCacheConfig(
+            num_blocks=num_blocks,
+            block_size=config.block_size,
+            enable_prefix_caching=config.enable_prefix_caching,
+            hash_fn=config.hash_fn,
+            hash_seed=config.hash_seed,
+            verify_hits=config.verify_hits,
+        )
+    )
+    scheduler = Scheduler(
+        manager,
+        SchedulerConfig(
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+        ),
+    )
+    runner = ModelFreeRunner()
+    tracker = ContentTracker(config.block_size)
+    arrivals: list[tuple[int, int, SimRequest]] = []
+    order = 0
+    for sim_req in workload.requests:
+        heapq.heappush(arrivals, (sim_req.arrival_step, order, sim_req))
+        order += 1
+    source: dict[str, SimRequest] = {}
+    requests = rejected = generated = 0
+    errors: list[str] = []
+    admitted: set[str] = set()
+    step = 0
+    wall0 = time.perf_counter()
+    while arrivals or scheduler.has_unfinished_requests():
+        if not scheduler.has_unfinished_requests() and arrivals[0][0] > step:
+            step = arrivals[0][0]
+        while arrivals and arrivals[0][0] <= step:
+            sim_req = heapq.heappop(arrivals)[2]
+            req = Request(
+                sim_req.request_id,
+                list(sim_req.prompt_token_ids),
+                max_tokens=sim_req.max_tokens,
+                arrival_step=step,
+            )
+            requests += 1
+            try:
+                scheduler.add_request(req)
+            except ValueError as exc:
+                rejected += 1
+                errors.append(str(exc))
+                continue
+            source[req.request_id] = sim_req
+        out = scheduler.schedule()
+        if not out.chunks:
+            raise RuntimeError(
+                f"step {step}: nothing could be scheduled "
+                f"({len(scheduler.waiting)} waiting, {len(scheduler.running)} running)"
+            )
+        for req in out.preempted:
+            tracker.released(req)
+        for chunk in out.chunks:
+            if chunk.request.request_id not in admitted:
+                admitted.add(chunk.request.request_id)
+                tracker.admitted(chunk.request)
+        sampled = runner.execute(out)
+        finished = scheduler.update(out, sampled)
+        tracker.after_step(out)
+        if config.check:
+            held = scheduler.running
+            check_invariants(manager, held, {r.request_id: r.num_computed_tokens for r in held})
+        for req in finished:
+            tracker.released(req)
+            runner.free_request(req.request_id)
+            generated += req.num_output_tokens
+            sim_req = source.pop(req.request_id)
+            if workload.follow_up is not None:
+                nxt = workload.follow_up(sim_req, req.output_token_ids, step)
+                if nxt is not None:
+                    heapq.heappush(arrivals, (nxt.arrival_step, order, nxt))
+                    order += 1
+        if progress is not None and finished:
+            progress(len(finished))
+        step += 1
+    wall = time.perf_counter() - wall0
+    if config.check:
+        check_invariants(manager, [], {})
+        if manager.pool.num_used:
+            raise AssertionError(f"{manager.pool.num_used} blocks still used after the run")
+    s = scheduler.stats
+    hit_total = s.prefix_hit_tokens + s.prefill_tokens_computed
+    return {
+        "workload": workload.name,
+        "params": workload.params,
+        "block_size": config.block_size,
+        "num_blocks": num_blocks,
+        "prefix_caching": config.enable_prefix_caching,
+        "hash": config.hash_fn,
+        "requests": requests,
+        "rejected": rejected,
+        "prompt_tokens": s.prompt_tokens,
+        "ideal_prefill_tokens": tracker.ideal_prefill_tokens,
+        "prefill_tokens_computed": s.prefill_tokens_computed,
+        "prefix_hit_tokens": s.prefix_hit_tokens,
+        "hit_rate": s.prefix_hit_tokens / hit_total if hit_total else 0.0,
+        "peak_blocks_used": manager.stats.peak_blocks_used,
+        "duplicate_blocks_peak": tracker.duplicates_peak,
+        "evictions": manager.pool.num_evictions,
+        "preemptions": s.preemptions,
+        "steps": s.steps,
+        "generated_tokens": generated,
+        "manager_seconds": s.manager_seconds,
+        "manager_us_per_prompt_token": (
+            1e6 * s.manager_seconds / s.prompt_tokens if s.prompt_tokens else 0.0
+        ),
+        "wall_seconds": wall,
+        "errors": errors[:20],
+    }
