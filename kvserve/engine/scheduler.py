@@ -174,6 +174,8 @@ class Scheduler:
             else:
                 if hit is not None:
                     self.stats.prefix_hit_tokens += hit.num_tokens
+                    if not req.num_preemptions:
+                        req.num_cached_tokens += hit.num_tokens
                     req.num_computed_tokens = computed
                 out.chunks.append(ScheduledChunk(req, computed, num_new))
                 budget -= num_new

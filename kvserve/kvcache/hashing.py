@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import struct
+import sys
+from array import array
 from collections.abc import Callable
 
 import xxhash
@@ -77,19 +79,34 @@ class BlockHasher:
     def extend(self, hashes: list[bytes], token_ids: list[int], extra: tuple[bytes, bytes]) -> None:
         """Append the hashes of blocks that became full since the last call.
 
-        Incremental: each chunk is hashed once, as its last token arrives.
+        Incremental: each chunk is hashed once, as its last token arrives. The
+        new tokens are packed to little-endian uint32 in one call, then sliced.
         """
         bs = self.block_size
         n = len(hashes)
         end = len(token_ids) // bs
         if n >= end:
             return
-        digest, pack = self._digest, self._pack
+        try:
+            packed = array("I", token_ids[n * bs : end * bs])
+        except OverflowError:
+            raise ValueError("token ids must be integers in [0, 2**32)") from None
+        if _BIG_ENDIAN:
+            packed.byteswap()
+        data = packed.tobytes()
+        digest = self._digest
         parent = hashes[-1] if n else self.root
         first_extra, other_extra = extra
+        width = 4 * bs
+        offset = 0
         for i in range(n, end):
-            start = i * bs
             parent = digest(
-                parent + pack(*token_ids[start : start + bs]) + (other_extra if i else first_extra)
+                parent + data[offset : offset + width] + (other_extra if i else first_extra)
             )
+            offset += width
             hashes.append(parent)
+
+
+_BIG_ENDIAN = sys.byteorder == "big"
+if array("I").itemsize != 4:  # pragma: no cover - every supported platform has 4-byte I
+    raise ImportError("kvserve needs a 4-byte array('I')")

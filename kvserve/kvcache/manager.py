@@ -250,6 +250,17 @@ class KVCacheManager:
 
     # -- introspection ----------------------------------------------------------
 
+    def stats_dict(self) -> dict[str, int]:
+        """Cache counters under stable names (duplicates: see kvcache.invariants)."""
+        return {
+            "prefix_query_tokens": self.stats.query_tokens,
+            "prefix_hit_tokens": self.stats.hit_tokens,
+            "blocks_used": self.pool.num_used,
+            "peak_blocks_used": self.stats.peak_blocks_used,
+            "evictions": self.pool.num_evictions,
+            "merged_blocks": self.stats.merges,
+        }
+
     @property
     def num_free_blocks(self) -> int:
         return self.pool.num_free
