@@ -1,4 +1,4 @@
-"""Independent accounting for `simulate`: the ideal prefill and held duplicates.
+"""Independent accounting: the ideal prefill and held duplicate blocks.
 
 It hashes content with its own hasher and reads only block tables, so it
 checks the manager rather than trusting it.
