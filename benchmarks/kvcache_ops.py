@@ -80,7 +80,7 @@ def bench_ops(repeat: int) -> list[tuple[str, float, float]]:
             (clock() - t0) / sum(len(h.blocks[0]) for h in hits)
         )
         t0 = clock()
-        for seq, hit in zip(again, hits, strict=True):
+        for hit in hits:
             m.pool.touch(hit.blocks[0])
         samples.setdefault("touch (per block)", []).append(
             (clock() - t0) / sum(len(h.blocks[0]) for h in hits)
@@ -142,7 +142,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5, help="runs per figure (min, median)")
     parser.add_argument("--quick", action="store_true", help="smaller shared-prefix workload")
     args = parser.parse_args()
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cpus, Python {platform.python_version()}")
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cpus, Python {platform.python_version()}"
+    )
     print(f"block size {BLOCK}, pool {POOL:,} blocks, {args.repeat} runs per figure\n")
 
     print(f"{'operation':<44} {'µs (min)':>10} {'µs (median)':>12}")

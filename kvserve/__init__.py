@@ -1,3 +1,30 @@
 """kvserve: a compact LLM inference engine whose KV cache is exactly right."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
+__all__ = ["LLM", "CompletionOutput", "RequestOutput", "SamplingParams"]
+
+if TYPE_CHECKING:
+    from kvserve.llm import LLM
+    from kvserve.outputs import CompletionOutput, RequestOutput
+    from kvserve.sampling_params import SamplingParams
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: `import kvserve.kvcache` must stay free of torch and of the engine.
+    if name == "LLM":
+        from kvserve.llm import LLM
+
+        return LLM
+    if name == "SamplingParams":
+        from kvserve.sampling_params import SamplingParams
+
+        return SamplingParams
+    if name in ("RequestOutput", "CompletionOutput"):
+        from kvserve import outputs
+
+        return getattr(outputs, name)
+    raise AttributeError(f"module 'kvserve' has no attribute {name!r}")

@@ -185,12 +185,154 @@ def _run_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bytes(value: str) -> int:
+    """'8GiB', '512MiB', '2G', '1000000' -> bytes."""
+    units = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+    text = value.strip().upper().removesuffix("B").removesuffix("I")
+    unit = text[-1] if text and text[-1] in units else ""
+    number = text[: len(text) - len(unit)]
+    try:
+        size = float(number) * units[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {value!r} (e.g. 2GiB, 512MiB)") from None
+    if size <= 0:
+        raise argparse.ArgumentTypeError(f"size must be positive, got {value!r}")
+    return int(size)
+
+
+DEMO_SYSTEM = (
+    "You are a concise assistant. Answer in one short sentence, and never repeat the "
+    "question back to the user. "
+)
+DEMO_PROMPTS = [
+    DEMO_SYSTEM + "What is the capital of France?",
+    DEMO_SYSTEM + "Name a prime number larger than ten.",
+    DEMO_SYSTEM + "What colour is the sky on a clear day?",
+    DEMO_SYSTEM + "What is the capital of France?",
+]
+"""The demo prompts share a system prompt (and two are identical): the prefix cache shows."""
+
+
+def _add_generate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "generate",
+        help="generate completions with a local Hugging Face checkpoint",
+        description=(
+            "Generate completions for one or more prompts and print them, then a summary "
+            "(requests, prefill and decode tokens/s, prefix hit rate, KV blocks). Without "
+            "--model, a small demo checkpoint with random weights is created once under the "
+            "user cache directory and used."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--model", help="checkpoint directory (default: the built-in demo model)")
+    p.add_argument(
+        "--prompt",
+        action="append",
+        help="a prompt; repeat for several (default: a few demo prompts that share a prefix)",
+    )
+    s = p.add_argument_group("sampling")
+    s.add_argument("--max-tokens", type=_positive, default=32, help="tokens to generate")
+    s.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    s.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
+    s.add_argument("--top-k", type=int, default=-1, help="keep the k most likely (-1: all)")
+    s.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p x top prob")
+    s.add_argument("--n", type=_positive, default=1, help="completions per prompt")
+    s.add_argument("--seed", type=int, default=None, help="per-request sampling seed")
+    s.add_argument("--ignore-eos", action="store_true", help="do not stop at EOS")
+    e = p.add_argument_group("engine")
+    e.add_argument("--block-size", type=_positive, default=16, help="tokens per KV block")
+    e.add_argument("--num-kv-blocks", type=_positive, help="KV blocks (default: from memory)")
+    e.add_argument("--kv-cache-memory", type=_bytes, help="KV cache size, e.g. 2GiB")
+    e.add_argument("--max-num-seqs", type=_positive, default=256, help="max running requests")
+    e.add_argument(
+        "--max-num-batched-tokens", type=_positive, default=8192, help="token budget per step"
+    )
+    e.add_argument("--max-model-len", type=_positive, help="max prompt + output tokens")
+    e.add_argument("--no-prefix-caching", action="store_true", help="compute every prompt token")
+    e.add_argument(
+        "--dtype",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        default="auto",
+        help="auto: float32 on the CPU, bfloat16 on CUDA",
+    )
+    e.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    e.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_run_generate)
+
+
+def _run_generate(args: argparse.Namespace) -> int:
+    from kvserve.llm import LLM
+    from kvserve.sampling_params import SamplingParams
+
+    model = args.model
+    if model is None:
+        from kvserve.model.demo import ensure_demo_model
+
+        model = ensure_demo_model()
+        print(f"Using the built-in demo model at {model}: its weights are RANDOM, so its")
+        print("completions are gibberish. Pass --model DIR to use a real checkpoint.\n")
+    params = SamplingParams(
+        n=args.n,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        seed=args.seed,
+        max_tokens=args.max_tokens,
+        ignore_eos=args.ignore_eos,
+    )
+    llm = LLM(
+        model,
+        block_size=args.block_size,
+        num_kv_blocks=args.num_kv_blocks,
+        kv_cache_memory=args.kv_cache_memory,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        enable_prefix_caching=not args.no_prefix_caching,
+        dtype=args.dtype,
+        device=args.device,
+    )
+    prompts = args.prompt or DEMO_PROMPTS
+    outputs = llm.generate(prompts, params, use_tqdm=not args.no_progress)
+    for output in outputs:
+        print(f"prompt: {output.prompt!r}")
+        for completion in output.outputs:
+            label = f"[{completion.index}] " if len(output.outputs) > 1 else ""
+            print(f"  {label}{completion.text!r}  ({completion.finish_reason})")
+    stats = llm.stats()
+    hit_total = stats["prefix_hit_tokens"] + stats["prefill_tokens_computed"]
+    prefill_s, decode_s = stats["prefill_step_seconds"], stats["decode_step_seconds"]
+    print()
+    print(f"requests: {len(outputs)}  completions: {len(outputs) * args.n}")
+    print(
+        f"prefill: {stats['prefill_tokens_computed']} tokens computed, "
+        f"{_rate(stats['prefill_tokens_computed'], prefill_s)}; "
+        f"decode: {stats['generated_tokens']} tokens, "
+        f"{_rate(stats['decode_tokens_computed'], decode_s)}"
+    )
+    rate = stats["prefix_hit_tokens"] / hit_total if hit_total else 0.0
+    print(f"prefix cache: {stats['prefix_hit_tokens']} hit tokens ({rate:.1%} of prefill)")
+    print(
+        f"KV blocks: peak {stats['peak_blocks_used']} of {stats['num_kv_blocks']} "
+        f"(block size {args.block_size}), duplicates {stats['duplicate_blocks_peak']}, "
+        f"preemptions {stats['preemptions']}"
+    )
+    return 0
+
+
+def _rate(tokens: int, seconds: float) -> str:
+    return f"{tokens / seconds:.1f} tok/s" if seconds > 0 else "n/a"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kvserve",
         description="kvserve: a compact LLM inference engine whose KV cache is exactly right.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_generate(sub)
     _add_simulate(sub)
     return parser
 

@@ -1,0 +1,313 @@
+"""The engine loop: add_request / step / abort_request over scheduler and runner.
+
+Data flows one way: the scheduler asks the KV manager what is cached and
+allocates slots; the runner fills K/V and samples; the scheduler's update
+marks blocks computed, appends tokens and finishes requests.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvserve.engine.content_tracker import ContentTracker
+from kvserve.engine.request import Request, RequestStatus
+from kvserve.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from kvserve.engine.stop import StopChecker
+from kvserve.kvcache.manager import KVCacheConfig, KVCacheManager
+from kvserve.outputs import CompletionOutput, RequestOutput
+from kvserve.sampling_params import SamplingParams
+
+
+@dataclass(slots=True, eq=False)
+class EngineRequest(Request):
+    """One sequence of a user request (a request with `n` > 1 has n of them)."""
+
+    params: SamplingParams = field(default_factory=SamplingParams)
+    parent_id: str = ""
+    index: int = 0
+    stop_reason: int | str | None = None
+    stop_text: str | None = None
+
+
+@dataclass(slots=True)
+class _UserRequest:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    sequences: list[EngineRequest]
+
+
+@dataclass(slots=True)
+class EngineStats:
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    prefill_step_seconds: float = 0.0
+    """Time of steps that computed any prefill token (mixed steps included)."""
+    decode_step_seconds: float = 0.0
+    """Time of steps that only decoded."""
+
+
+class LLMEngine:
+    """Step-level API (the server drives this; LLM.generate loops over it)."""
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        block_size: int = 16,
+        num_kv_blocks: int | None = None,
+        kv_cache_memory: int | None = None,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int = 8192,
+        max_model_len: int | None = None,
+        enable_prefix_caching: bool = True,
+        dtype: str = "auto",
+        seed: int = 0,
+        device: str | None = None,
+        hash_fn: str = "sha256",
+        hash_seed: int = 0,
+        num_threads: int | None = None,
+    ) -> None:
+        from kvserve.model.runner import ModelRunner  # torch stays out of kvcache imports
+
+        self.runner = ModelRunner(
+            model,
+            block_size=block_size,
+            num_blocks=num_kv_blocks,
+            kv_cache_memory=kv_cache_memory,
+            dtype=dtype,
+            device=device,
+            seed=seed,
+            num_threads=num_threads,
+        )
+        self.tokenizer = self.runner.tokenizer
+        limit = self.runner.max_model_len
+        if max_model_len is None:
+            max_model_len = limit
+        elif limit is not None and max_model_len > limit:
+            raise ValueError(f"max_model_len {max_model_len} exceeds the model's {limit}")
+        self.manager = KVCacheManager(
+            KVCacheConfig(
+                num_blocks=self.runner.num_blocks,
+                block_size=block_size,
+                enable_prefix_caching=enable_prefix_caching,
+                hash_fn=hash_fn,
+                hash_seed=hash_seed,
+            )
+        )
+        self.scheduler = Scheduler(
+            self.manager,
+            SchedulerConfig(
+                max_num_seqs=max_num_seqs,
+                max_num_batched_tokens=max_num_batched_tokens,
+                max_model_len=max_model_len,
+            ),
+            stop_fn=self._stop,
+        )
+        self.stop_checker = StopChecker(self.tokenizer, self.runner.eos_token_ids)
+        self.stats = EngineStats()
+        self.tracker = ContentTracker(block_size)
+        self._requests: dict[str, _UserRequest] = {}
+        self._vocab_size = self.runner.vocab_size
+
+    # -- requests ---------------------------------------------------------------
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        *,
+        lora_name: str | None = None,
+        cache_salt: str | None = None,
+    ) -> None:
+        """Queue a request; a bad one raises ValueError and leaves the engine as it was."""
+        params = params or SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+        if request_id in self._requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        prompt_text, token_ids = self._tokenize(prompt)
+        bad = [t for t in token_ids if not (0 <= t < self._vocab_size)]
+        if bad:
+            raise ValueError(
+                f"request {request_id}: token ids {bad[:5]} outside the vocabulary "
+                f"[0, {self._vocab_size})"
+            )
+        sequences = []
+        for index in range(params.n):
+            child = params
+            if params.n > 1:
+                # Each completion samples on its own; a seed stays reproducible per index.
+                seed = None if params.seed is None else params.seed + index
+                child = _replace(params, n=1, seed=seed)
+            sequences.append(
+                EngineRequest(
+                    request_id if params.n == 1 else f"{request_id}#{index}",
+                    list(token_ids),
+                    lora_name=lora_name,
+                    cache_salt=cache_salt,
+                    max_tokens=params.max_tokens,
+                    params=child,
+                    parent_id=request_id,
+                    index=index,
+                )
+            )
+        added: list[EngineRequest] = []
+        try:
+            for seq in sequences:
+                self.scheduler.add_request(seq)
+                added.append(seq)
+        except ValueError:
+            for seq in added:
+                self.scheduler.abort_request(seq)
+            raise
+        self._requests[request_id] = _UserRequest(request_id, prompt_text, token_ids, sequences)
+        self.stats.prompt_tokens += len(token_ids) * params.n
+
+    def _tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this model directory has no tokenizer: pass token ids")
+            token_ids = list(self.tokenizer.encode(prompt))
+            if not token_ids:
+                raise ValueError("the prompt is empty after tokenization")
+            return prompt, token_ids
+        if isinstance(prompt, list | tuple) and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt
+        ):
+            if not prompt:
+                raise ValueError("the prompt is empty")
+            return None, list(prompt)
+        raise TypeError("a prompt is a string or a list of token ids")
+
+    def abort_request(self, request_id: str) -> None:
+        """Stop a request between steps; its blocks are freed (and stay findable)."""
+        user = self._requests.pop(request_id, None)
+        if user is None:
+            return
+        for seq in user.sequences:
+            self.scheduler.abort_request(seq)
+            self.runner.free_request(seq.request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    # -- one step ---------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduler step; outputs of every request that advanced."""
+        t0 = time.perf_counter()
+        out = self.scheduler.schedule()
+        sampled = self._execute(out) if out.chunks else {}
+        for seq in out.preempted:
+            self.tracker.released(seq)
+        finished = self.scheduler.update(out, sampled)
+        self.tracker.after_step(out)
+        for seq in finished:
+            self.tracker.released(seq)
+            self.runner.free_request(seq.request_id)
+        self.stats.generated_tokens += len(sampled)
+        elapsed = time.perf_counter() - t0
+        if any(c.num_tokens > 1 or c.start < c.request.num_prompt_tokens for c in out.chunks):
+            self.stats.prefill_step_seconds += elapsed
+        else:
+            self.stats.decode_step_seconds += elapsed
+        touched = {c.request.parent_id: None for c in out.chunks}  # type: ignore[attr-defined]
+        touched.update({seq.parent_id: None for seq in finished})
+        outputs = []
+        for parent_id in touched:
+            user = self._requests.get(parent_id)
+            if user is None:
+                continue
+            output = self._output(user)
+            outputs.append(output)
+            if output.finished:
+                del self._requests[parent_id]
+        return outputs
+
+    def _execute(self, out: SchedulerOutput) -> dict[str, int]:
+        from kvserve.model.runner import SeqChunk
+
+        chunks = []
+        for chunk in out.chunks:
+            req: EngineRequest = chunk.request  # type: ignore[assignment]
+            chunks.append(
+                SeqChunk(
+                    request_id=req.request_id,
+                    token_ids=req.token_ids[chunk.start : chunk.start + chunk.num_tokens],
+                    start_pos=chunk.start,
+                    block_table=[b.block_id for b in req.kv_blocks[0]],
+                    skip_write_until=req.skip_write_tokens,
+                    sample=chunk.samples,
+                    params=req.params,
+                    num_generated=req.num_output_tokens,
+                )
+            )
+        tokens = self.runner.execute(chunks)
+        return {
+            c.request_id: token
+            for c, token in zip(chunks, tokens, strict=True)
+            if token is not None
+        }
+
+    def _stop(self, req: Request, token: int) -> RequestStatus | None:
+        seq: EngineRequest = req  # type: ignore[assignment]
+        status, reason, text = self.stop_checker.check(seq.params, seq.output_token_ids, token)
+        if status is not None:
+            seq.stop_reason = reason
+            seq.stop_text = text
+        return status
+
+    def _output(self, user: _UserRequest) -> RequestOutput:
+        completions = []
+        for seq in user.sequences:
+            done = seq.status.finished
+            text = seq.stop_text
+            if text is None:
+                text = self.stop_checker.decode(seq.output_token_ids) if done else ""
+            completions.append(
+                CompletionOutput(
+                    index=seq.index,
+                    text=text,
+                    token_ids=list(seq.output_token_ids),
+                    finish_reason=seq.status.value if done else None,
+                    stop_reason=seq.stop_reason,
+                )
+            )
+        first = user.sequences[0]
+        return RequestOutput(
+            request_id=user.request_id,
+            prompt=user.prompt,
+            prompt_token_ids=list(user.prompt_token_ids),
+            outputs=completions,
+            finished=all(c.finish_reason is not None for c in completions),
+            num_cached_tokens=max(0, first.num_cached_tokens),
+        )
+
+    def stats_dict(self) -> dict[str, Any]:
+        """The simulate counters under the same names, plus cache counters."""
+        s = self.scheduler.stats
+        return {
+            "prompt_tokens": s.prompt_tokens,
+            "prefill_tokens_computed": s.prefill_tokens_computed,
+            "decode_tokens_computed": s.decode_tokens_computed,
+            "prefix_hit_tokens": s.prefix_hit_tokens,
+            "peak_blocks_used": self.manager.stats.peak_blocks_used,
+            "duplicate_blocks_peak": self.tracker.duplicates_peak,
+            "preemptions": s.preemptions,
+            "steps": s.steps,
+            "generated_tokens": self.stats.generated_tokens,
+            "num_kv_blocks": self.runner.num_blocks,
+            "evictions": self.manager.pool.num_evictions,
+            "prefill_step_seconds": self.stats.prefill_step_seconds,
+            "decode_step_seconds": self.stats.decode_step_seconds,
+        }
+
+
+def _replace(params: SamplingParams, **changes: Any) -> SamplingParams:
+    values = {name: getattr(params, name) for name in SamplingParams.__dataclass_fields__}
+    values.update(changes)
+    return SamplingParams(**values)

@@ -1,0 +1,143 @@
+"""`LLM`: offline batched generation, vLLM's entry point in kvserve's size."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from kvserve.engine.llm_engine import LLMEngine
+from kvserve.outputs import RequestOutput
+from kvserve.sampling_params import SamplingParams
+
+Prompt = str | list[int]
+
+
+class LLM:
+    """Load a local Hugging Face checkpoint and generate.
+
+    Keyword arguments are explicit: an unknown one raises TypeError (a typo
+    must not silently fall back to a default).
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        block_size: int = 16,
+        num_kv_blocks: int | None = None,
+        kv_cache_memory: int | None = None,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int = 8192,
+        max_model_len: int | None = None,
+        enable_prefix_caching: bool = True,
+        dtype: str = "auto",
+        seed: int = 0,
+        device: str | None = None,
+        hash_fn: str = "sha256",
+        hash_seed: int = 0,
+        num_threads: int | None = None,
+    ) -> None:
+        self.engine = LLMEngine(
+            model,
+            block_size=block_size,
+            num_kv_blocks=num_kv_blocks,
+            kv_cache_memory=kv_cache_memory,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=max_model_len,
+            enable_prefix_caching=enable_prefix_caching,
+            dtype=dtype,
+            seed=seed,
+            device=device,
+            hash_fn=hash_fn,
+            hash_seed=hash_seed,
+            num_threads=num_threads,
+        )
+        self._ids = itertools.count()
+        self.last_run_seconds = 0.0
+
+    def get_tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Generate for every prompt; outputs in input order.
+
+        A bad prompt or parameter raises before anything runs, naming the
+        prompt, and leaves the engine as it was.
+        """
+        batch = _as_prompt_list(prompts)
+        if sampling_params is None:
+            params_list = [SamplingParams()] * len(batch)
+        elif isinstance(sampling_params, SamplingParams):
+            params_list = [sampling_params] * len(batch)
+        else:
+            params_list = list(sampling_params)
+            if len(params_list) != len(batch):
+                raise ValueError(f"got {len(params_list)} sampling params for {len(batch)} prompts")
+        engine = self.engine
+        ids = []
+        try:
+            for i, (prompt, params) in enumerate(zip(batch, params_list, strict=True)):
+                request_id = str(next(self._ids))
+                try:
+                    engine.add_request(request_id, prompt, params)
+                except (ValueError, TypeError) as exc:
+                    raise type(exc)(f"prompt {i}: {exc}") from None
+                ids.append(request_id)
+        except BaseException:
+            for request_id in ids:
+                engine.abort_request(request_id)
+            raise
+        results: dict[str, RequestOutput] = {}
+        bar = None
+        if use_tqdm:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(ids), desc="Processed prompts", unit="req", dynamic_ncols=True)
+        t0 = time.perf_counter()
+        generated0 = engine.stats.generated_tokens
+        try:
+            while len(results) < len(ids):
+                for output in engine.step():
+                    if output.finished:
+                        results[output.request_id] = output
+                        if bar is not None:
+                            elapsed = time.perf_counter() - t0
+                            out_tokens = engine.stats.generated_tokens - generated0
+                            bar.set_postfix_str(f"output {out_tokens / elapsed:.1f} tok/s")
+                            bar.update(1)
+        except BaseException:
+            for request_id in ids:
+                if request_id not in results:
+                    engine.abort_request(request_id)
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+            self.last_run_seconds = time.perf_counter() - t0
+        return [results[request_id] for request_id in ids]
+
+    def stats(self) -> dict[str, Any]:
+        """Cache and scheduler counters, under the names `kvserve simulate` uses."""
+        return self.engine.stats_dict()
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget all cached blocks; refused (False) while requests hold blocks."""
+        return self.engine.manager.reset_prefix_cache()
+
+
+def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
+    if isinstance(prompts, str):
+        return [prompts]
+    if isinstance(prompts, list | tuple):
+        if prompts and all(isinstance(t, int) and not isinstance(t, bool) for t in prompts):
+            return [list(prompts)]  # one prompt given as token ids
+        return list(prompts)
+    raise TypeError("prompts must be a string, a list of strings or a list of token id lists")

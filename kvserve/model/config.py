@@ -1,0 +1,191 @@
+"""The model's shape, read straight from a checkpoint's config.json.
+
+We parse the JSON ourselves instead of through transformers' config classes:
+the fields we need are few, and transformers renamed some of them between
+versions (`rope_theta` + `rope_scaling` became `rope_parameters` in v5), so
+reading both spellings here keeps every supported transformers version working
+and never touches a model hub.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvserve.model.errors import ModelLoadError
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclass(slots=True)
+class RopeConfig:
+    """Rotary embedding parameters; `scaling_type` is one of SUPPORTED_ROPE_TYPES."""
+
+    theta: float = 10000.0
+    scaling_type: str = "default"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclass(slots=True)
+class ModelConfig:
+    """What the decoder, the loader and the KV cache sizing need to know."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    rope: RopeConfig = field(default_factory=RopeConfig)
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    eos_token_ids: set[int] = field(default_factory=set)
+    bos_token_id: int | None = None
+    checkpoint_dtype: str | None = None
+
+    @classmethod
+    def from_dict(
+        cls, raw: dict[str, Any], generation: dict[str, Any] | None = None
+    ) -> ModelConfig:
+        """Parse config.json (and generation_config.json for the eos ids)."""
+        arch = architecture_of(raw)
+        hidden = _required(raw, "hidden_size")
+        heads = _required(raw, "num_attention_heads")
+        kv_heads = raw.get("num_key_value_heads") or heads
+        head_dim = raw.get("head_dim") or hidden // heads
+        if heads % kv_heads:
+            raise ModelLoadError(
+                f"num_attention_heads ({heads}) must be a multiple of "
+                f"num_key_value_heads ({kv_heads})"
+            )
+        act = raw.get("hidden_act", "silu")
+        if act != "silu":
+            raise ModelLoadError(f"hidden_act {act!r} is not supported (only 'silu')")
+        _reject_sliding_window(raw)
+        eos = _token_ids((generation or {}).get("eos_token_id"))
+        if not eos:
+            eos = _token_ids(raw.get("eos_token_id"))
+        return cls(
+            architecture=arch,
+            vocab_size=_required(raw, "vocab_size"),
+            hidden_size=hidden,
+            intermediate_size=_required(raw, "intermediate_size"),
+            num_layers=_required(raw, "num_hidden_layers"),
+            num_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+            rope=_rope_config(raw),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            attention_bias=bool(raw.get("attention_bias", False)),
+            mlp_bias=bool(raw.get("mlp_bias", False)),
+            eos_token_ids=eos,
+            bos_token_id=raw.get("bos_token_id"),
+            checkpoint_dtype=raw.get("torch_dtype") or raw.get("dtype"),
+        )
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """Read one JSON file of a checkpoint; a missing or broken file is a ModelLoadError."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise ModelLoadError(f"{path.name} not found in {path.parent}") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelLoadError(f"cannot read {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{path} must hold a JSON object")
+    return data
+
+
+def load_model_config(model_dir: str | Path) -> ModelConfig:
+    """config.json plus the eos ids of generation_config.json, when present."""
+    return ModelConfig.from_dict(*read_config_files(model_dir))
+
+
+def read_config_files(model_dir: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(config.json, generation_config.json or {}) of a checkpoint directory."""
+    path = Path(model_dir)
+    if not path.is_dir():
+        raise ModelLoadError(f"model directory {str(path)!r} does not exist")
+    raw = read_json(path / "config.json")
+    gen_path = path / "generation_config.json"
+    generation = read_json(gen_path) if gen_path.exists() else {}
+    return raw, generation
+
+
+def architecture_of(raw: dict[str, Any]) -> str:
+    archs = raw.get("architectures")
+    if not archs or not isinstance(archs, list):
+        raise ModelLoadError("config.json has no 'architectures' list")
+    return str(archs[0])
+
+
+def _required(raw: dict[str, Any], key: str) -> int:
+    value = raw.get(key)
+    if not isinstance(value, int) or value <= 0:
+        raise ModelLoadError(f"config.json needs a positive integer {key!r}, got {value!r}")
+    return value
+
+
+def _token_ids(value: Any) -> set[int]:
+    if value is None:
+        return set()
+    if isinstance(value, int):
+        return {value}
+    return {int(v) for v in value}
+
+
+def _reject_sliding_window(raw: dict[str, Any]) -> None:
+    """Sliding-window layers need their own KV group; refuse rather than run them wrong."""
+    layer_types = raw.get("layer_types") or []
+    sliding = any(t != "full_attention" for t in layer_types)
+    if not layer_types and raw.get("use_sliding_window") and raw.get("sliding_window"):
+        sliding = True
+    if sliding:
+        raise ModelLoadError(
+            "sliding-window attention layers are not supported yet "
+            f"(layer_types={sorted(set(layer_types)) or 'use_sliding_window'})"
+        )
+
+
+def _rope_config(raw: dict[str, Any]) -> RopeConfig:
+    """Accept both `rope_parameters` (transformers 5) and `rope_theta` + `rope_scaling`."""
+    params = raw.get("rope_parameters") or {}
+    scaling = raw.get("rope_scaling") or {}
+    merged = {**scaling, **params}
+    theta = float(merged.get("rope_theta", raw.get("rope_theta", 10000.0)))
+    kind = merged.get("rope_type") or merged.get("type") or "default"
+    if kind not in SUPPORTED_ROPE_TYPES:
+        raise ModelLoadError(
+            f"rope scaling type {kind!r} is not supported; supported: {SUPPORTED_ROPE_TYPES}"
+        )
+    if float(merged.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise ModelLoadError("partial_rotary_factor != 1 is not supported")
+    rope = RopeConfig(theta=theta, scaling_type=kind)
+    if kind == "default":
+        return rope
+    try:
+        rope.factor = float(merged["factor"])
+        if kind == "llama3":
+            rope.low_freq_factor = float(merged["low_freq_factor"])
+            rope.high_freq_factor = float(merged["high_freq_factor"])
+            rope.original_max_position_embeddings = int(
+                merged.get("original_max_position_embeddings")
+                or raw.get("max_position_embeddings", 8192)
+            )
+    except KeyError as exc:
+        raise ModelLoadError(f"rope scaling {kind!r} lacks the parameter {exc.args[0]!r}") from None
+    return rope

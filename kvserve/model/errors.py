@@ -1,0 +1,9 @@
+"""The one error a checkpoint directory raises when kvserve cannot run it."""
+
+
+class ModelLoadError(ValueError):
+    """A checkpoint is missing, malformed or unsupported; the message says what and where.
+
+    A ValueError subclass so callers that treat bad input uniformly (the CLI,
+    the server) need no torch-specific handling.
+    """

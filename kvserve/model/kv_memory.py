@@ -1,0 +1,83 @@
+"""Size and allocate the paged K/V tensors of every layer."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+from kvserve.model.config import ModelConfig
+
+logger = logging.getLogger(__name__)
+
+GiB = 1 << 30
+CPU_FRACTION = 0.25
+CPU_CAP = 4 * GiB
+CUDA_FRACTION = 0.85
+CUDA_HEADROOM = GiB // 2
+"""Kept free on CUDA for activations and the allocator's slack."""
+
+
+def bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    """K plus V bytes of one block over all layers."""
+    element = torch.empty((), dtype=dtype).element_size()
+    return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * element
+
+
+def default_kv_cache_memory(device: torch.device) -> int:
+    """A sane budget: min(25% of available RAM, 4 GiB) on CPU; most of the free memory on CUDA."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return max(0, int(free * CUDA_FRACTION) - CUDA_HEADROOM)
+    return min(int(available_ram() * CPU_FRACTION), CPU_CAP)
+
+
+def available_ram() -> int:
+    """MemAvailable from /proc/meminfo, or free physical pages where that is missing."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return GiB
+
+
+def num_blocks_for(memory: int, block_bytes: int) -> int:
+    """Blocks that fit in `memory` bytes; at least 2 are needed (block 0 is the null block)."""
+    num = memory // block_bytes
+    if num < 2:
+        raise ValueError(
+            f"KV cache memory of {memory} bytes holds {num} blocks of {block_bytes} bytes; "
+            "at least 2 are needed (block 0 is the null block)"
+        )
+    return num
+
+
+def allocate_kv_caches(
+    config: ModelConfig,
+    num_blocks: int,
+    block_size: int,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer (K, V), each [num_blocks, block_size, kv_heads, head_dim].
+
+    Left uninitialised (zeroing gigabytes up front costs seconds and commits
+    all the memory at once); readers only use slots that were written or mask
+    the rest. The null block is zeroed since padded reads point at it.
+    """
+    shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
+    caches = []
+    for _ in range(config.num_layers):
+        k = torch.empty(shape, dtype=dtype, device=device)
+        v = torch.empty(shape, dtype=dtype, device=device)
+        k[0].zero_()
+        v[0].zero_()
+        caches.append((k, v))
+    return caches

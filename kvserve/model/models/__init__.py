@@ -1,0 +1,34 @@
+"""Registry: the `architectures[0]` of a config.json -> the class that runs it."""
+
+from kvserve.model.errors import ModelLoadError
+from kvserve.model.models.decoder import DecoderForCausalLM
+from kvserve.model.models.llama import LlamaForCausalLM
+from kvserve.model.models.qwen2 import Qwen2ForCausalLM
+from kvserve.model.models.qwen3 import Qwen3ForCausalLM
+
+MODEL_REGISTRY: dict[str, type[DecoderForCausalLM]] = {
+    "LlamaForCausalLM": LlamaForCausalLM,
+    "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    "Qwen3ForCausalLM": Qwen3ForCausalLM,
+}
+
+
+def model_class(architecture: str) -> type[DecoderForCausalLM]:
+    """The class for an architecture name, or a ModelLoadError naming the supported ones."""
+    try:
+        return MODEL_REGISTRY[architecture]
+    except KeyError:
+        supported = ", ".join(sorted(MODEL_REGISTRY))
+        raise ModelLoadError(
+            f"architecture {architecture!r} is not supported; supported: {supported}"
+        ) from None
+
+
+__all__ = [
+    "MODEL_REGISTRY",
+    "DecoderForCausalLM",
+    "LlamaForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "model_class",
+]

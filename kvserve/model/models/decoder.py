@@ -1,0 +1,136 @@
+"""The pre-norm decoder that Llama, Qwen2 and Qwen3 share.
+
+The architectures differ only in a few switches (biases, per-head q/k norm),
+collected in DecoderOptions; parameter names follow the Hugging Face
+checkpoints so weights load by name without a mapping table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from kvserve.model.attention import AttentionMetadata, paged_attention
+from kvserve.model.config import ModelConfig
+from kvserve.model.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary
+
+
+@dataclass(frozen=True, slots=True)
+class DecoderOptions:
+    """The switches that tell the architectures apart."""
+
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    """Qwen3: RMSNorm over each head of q and k, before the rotary embedding."""
+
+
+class DecoderAttention(nn.Module):
+    def __init__(self, config: ModelConfig, options: DecoderOptions) -> None:
+        super().__init__()
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = d = config.head_dim
+        self.scale = d**-0.5
+        hidden = config.hidden_size
+        self.q_proj = nn.Linear(hidden, self.num_heads * d, bias=options.qkv_bias)
+        self.k_proj = nn.Linear(hidden, self.num_kv_heads * d, bias=options.qkv_bias)
+        self.v_proj = nn.Linear(hidden, self.num_kv_heads * d, bias=options.qkv_bias)
+        self.o_proj = nn.Linear(self.num_heads * d, hidden, bias=options.o_bias)
+        self.q_norm = RMSNorm(d, config.rms_norm_eps) if options.qk_norm else None
+        self.k_norm = RMSNorm(d, config.rms_norm_eps) if options.qk_norm else None
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        tokens = x.shape[0]
+        q = self.q_proj(x).view(tokens, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+            k = self.k_norm(k)
+        cos, sin = cos_sin
+        q = apply_rotary(q, cos, sin)
+        k = apply_rotary(k, cos, sin)
+        out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
+        return self.o_proj(out)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, options: DecoderOptions) -> None:
+        super().__init__()
+        self.self_attn = DecoderAttention(config, options)
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, options.mlp_bias)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos_sin, kv_cache, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, config: ModelConfig, options: DecoderOptions) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, options) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class DecoderForCausalLM(nn.Module):
+    """Token ids of a whole (flattened) batch in, final hidden states out.
+
+    Subclasses only pick their DecoderOptions. The module may be built on the
+    meta device (the loader does); the rotary tables are created on the real
+    device by `init_rotary` once the weights are in place.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = DecoderModel(config, self.options(config))
+        self.lm_head = (
+            None
+            if config.tie_word_embeddings
+            else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        )
+        self.rotary: RotaryEmbedding | None = None
+
+    @staticmethod
+    def options(config: ModelConfig) -> DecoderOptions:
+        raise NotImplementedError
+
+    def init_rotary(self, device: torch.device) -> None:
+        self.rotary = RotaryEmbedding(self.config.rope, self.config.head_dim, device)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        x = self.model.embed_tokens(input_ids)
+        cos_sin = self.rotary.cos_sin(positions, x.dtype)
+        for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
+            x = layer(x, cos_sin, kv_cache, meta)
+        return self.model.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits in float32 (the sampler's precision) for the selected hidden states."""
+        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return nn.functional.linear(hidden, weight).float()

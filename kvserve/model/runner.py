@@ -1,0 +1,234 @@
+"""The model runner: one forward step over a batch of scheduled chunks.
+
+The scheduler hands over, per request, the tokens to compute, where they
+start and the request's block table; the runner turns that into slot
+mappings and attention metadata, runs the model once over the whole
+flattened batch, and samples the last position of each chunk that asks for
+it. It knows nothing about hashing or eviction (DESIGN: data flows one way).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kvserve.model.attention import AttentionMetadata
+from kvserve.model.kv_memory import (
+    allocate_kv_caches,
+    bytes_per_block,
+    default_kv_cache_memory,
+    num_blocks_for,
+)
+from kvserve.model.loader import load_model
+from kvserve.model.sampler import sample
+from kvserve.model.tokenizer import load_tokenizer
+from kvserve.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(slots=True)
+class SeqChunk:
+    """One request's share of a step."""
+
+    request_id: str
+    token_ids: list[int]
+    """Tokens to compute this step (at least one)."""
+    start_pos: int
+    """Tokens of this request already in the KV cache = position of token_ids[0]."""
+    block_table: list[int]
+    """Physical block ids covering positions [0, start_pos + len(token_ids))."""
+    skip_write_until: int = 0
+    """Positions below this already hold their K/V in shared blocks: read, never written."""
+    sample: bool = True
+    """Sample from the logits of this chunk's last token (False for a non-final prefill chunk)."""
+    params: SamplingParams | None = None
+    """None means greedy."""
+    generator: torch.Generator | None = None
+    """Overrides the generator the runner keeps for a seeded request."""
+    num_generated: int = 0
+    """Tokens this request has generated so far: below `params.min_tokens` no stop token
+    (eos unless ignore_eos, stop_token_ids) can be sampled."""
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """ "auto" is float32 on CPU (exact, and fast enough there) and bfloat16 on CUDA."""
+    if name == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise ValueError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {name!r}") from None
+
+
+def _env_threads() -> int | None:
+    value = os.environ.get("OMP_NUM_THREADS", "")
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
+class ModelRunner:
+    """Owns the model, its paged K/V tensors and the per-request random generators."""
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        block_size: int,
+        num_blocks: int | None = None,
+        kv_cache_memory: int | None = None,
+        dtype: str = "auto",
+        device: str | None = None,
+        seed: int = 0,
+        num_threads: int | None = None,
+    ) -> None:
+        """`num_threads` (CPU only, process-wide): default $OMP_NUM_THREADS, else all cores.
+
+        Tiny models run faster on one thread: for them, and on a machine
+        shared with other busy processes, OpenMP's thread barriers cost more
+        than the matrix products they split.
+        """
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.model_dir = Path(model_dir)
+        self.device = torch.device(device) if device else default_device()
+        self.dtype = resolve_dtype(dtype, self.device)
+        if self.device.type == "cpu":
+            torch.set_num_threads(num_threads or _env_threads() or os.cpu_count() or 1)
+        self.model, self.config = load_model(self.model_dir, self.dtype, self.device)
+        self.block_size = block_size
+        self.bytes_per_block = bytes_per_block(self.config, block_size, self.dtype)
+        if num_blocks is None:
+            memory = kv_cache_memory
+            if memory is None:
+                memory = default_kv_cache_memory(self.device)
+            num_blocks = num_blocks_for(memory, self.bytes_per_block)
+        elif num_blocks < 2:
+            raise ValueError(
+                f"num_blocks must be >= 2 (block 0 is the null block), got {num_blocks}"
+            )
+        self.num_blocks = num_blocks
+        logger.info(
+            "KV cache: %d blocks of %d tokens (%.1f MiB) on %s, %s",
+            num_blocks,
+            block_size,
+            num_blocks * self.bytes_per_block / 2**20,
+            self.device,
+            str(self.dtype).removeprefix("torch."),
+        )
+        self.kv_caches = allocate_kv_caches(
+            self.config, num_blocks, block_size, self.dtype, self.device
+        )
+        self.eos_token_ids: set[int] = set(self.config.eos_token_ids)
+        self.max_model_len: int = self.config.max_position_embeddings
+        self.vocab_size: int = self.config.vocab_size
+        self._generators: dict[str, torch.Generator] = {}
+        self._default_generator = torch.Generator(device=self.device)
+        self._default_generator.manual_seed(seed)
+
+    @cached_property
+    def tokenizer(self) -> Any | None:
+        """The checkpoint's tokenizer (transformers, offline), loaded on first use."""
+        return load_tokenizer(self.model_dir)
+
+    def execute(self, chunks: list[SeqChunk]) -> list[int | None]:
+        """Run one step; the sampled token of each chunk (None where sample=False)."""
+        if not chunks:
+            return []
+        input_ids: list[int] = []
+        positions: list[int] = []
+        spans = []
+        for chunk in chunks:
+            self._check(chunk)
+            num = len(chunk.token_ids)
+            input_ids.extend(chunk.token_ids)
+            positions.extend(range(chunk.start_pos, chunk.start_pos + num))
+            spans.append((chunk.start_pos, num, chunk.block_table, chunk.skip_write_until))
+        device = self.device
+        meta = AttentionMetadata.build(spans, self.block_size, device)
+        rows, params, generators, banned = [], [], [], []
+        last = -1
+        for chunk in chunks:
+            last += len(chunk.token_ids)
+            if chunk.sample:
+                rows.append(last)
+                params.append(chunk.params)
+                generators.append(self._generator(chunk))
+                banned.append(self._banned(chunk))
+        with torch.inference_mode():
+            hidden = self.model(
+                torch.tensor(input_ids, dtype=torch.long, device=device),
+                torch.tensor(positions, dtype=torch.long, device=device),
+                self.kv_caches,
+                meta,
+            )
+            if not rows:
+                return [None] * len(chunks)
+            logits = self.model.compute_logits(hidden[rows])
+            tokens = iter(sample(logits, params, generators, banned))
+        return [next(tokens) if chunk.sample else None for chunk in chunks]
+
+    def free_request(self, request_id: str) -> None:
+        """Forget a finished or aborted request's generator."""
+        self._generators.pop(request_id, None)
+
+    def _generator(self, chunk: SeqChunk) -> torch.Generator | None:
+        """The request's own generator when seeded, else the runner's shared one."""
+        params = chunk.params
+        if params is None or params.temperature == 0:
+            return None
+        if chunk.generator is not None:
+            return chunk.generator
+        if params.seed is None:
+            return self._default_generator
+        gen = self._generators.get(chunk.request_id)
+        if gen is None:
+            gen = torch.Generator(device=self.device)
+            gen.manual_seed(params.seed)
+            self._generators[chunk.request_id] = gen
+        return gen
+
+    def _banned(self, chunk: SeqChunk) -> set[int]:
+        """Stop tokens a request may not sample yet (it is below its min_tokens)."""
+        params = chunk.params
+        if params is None or chunk.num_generated >= params.min_tokens:
+            return set()
+        banned = set(params.stop_token_ids or ())
+        if not params.ignore_eos:
+            banned |= self.eos_token_ids
+        return {t for t in banned if t < self.vocab_size}
+
+    def _check(self, chunk: SeqChunk) -> None:
+        """Reject a malformed chunk with a message that names the request."""
+        ids = chunk.token_ids
+        if not ids:
+            raise ValueError(f"request {chunk.request_id}: a chunk needs at least one token")
+        if chunk.start_pos < 0:
+            raise ValueError(f"request {chunk.request_id}: negative start_pos {chunk.start_pos}")
+        if min(ids) < 0 or max(ids) >= self.vocab_size:
+            raise ValueError(
+                f"request {chunk.request_id}: token ids must be in [0, {self.vocab_size})"
+            )
+        end = chunk.start_pos + len(ids)
+        if len(chunk.block_table) * self.block_size < end:
+            raise ValueError(
+                f"request {chunk.request_id}: block table of {len(chunk.block_table)} blocks "
+                f"cannot hold {end} tokens (block size {self.block_size})"
+            )
+        if any(b < 0 or b >= self.num_blocks for b in chunk.block_table):
+            raise ValueError(
+                f"request {chunk.request_id}: block ids must be in [0, {self.num_blocks})"
+            )

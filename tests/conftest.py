@@ -1,0 +1,130 @@
+"""Shared fixtures: tiny random checkpoints written by transformers itself, and their oracle.
+
+Every checkpoint is created here (no hub, no network): transformers builds
+the model from a config with a fixed seed and saves it with safetensors.
+Between them the three cover untied and tied embeddings, a sharded save,
+biases (Llama's optional ones, Qwen2's q/k/v), Qwen3's q/k norm, an explicit
+head_dim, a non-default rope_theta and Llama 3.1 rope scaling.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import pytest
+import torch
+import transformers
+
+# Tiny models: one thread is fastest, and immune to a machine busy with other work.
+torch.set_num_threads(1)
+
+COMMON = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=320,
+    max_position_embeddings=512,
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+    initializer_range=0.2,  # livelier than 0.02: greedy output does not collapse to one token
+)
+
+ARCHS = {
+    "llama": (
+        transformers.LlamaConfig,
+        transformers.LlamaForCausalLM,
+        dict(
+            head_dim=32,  # not hidden / heads: must be read from the config
+            attention_bias=True,
+            mlp_bias=True,
+            tie_word_embeddings=False,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+        ),
+        {},
+    ),
+    "qwen2": (
+        transformers.Qwen2Config,
+        transformers.Qwen2ForCausalLM,
+        dict(rope_theta=1_000_000.0, tie_word_embeddings=True),
+        {"max_shard_size": "40KB"},
+    ),
+    "qwen3": (
+        transformers.Qwen3Config,
+        transformers.Qwen3ForCausalLM,
+        dict(num_hidden_layers=3, head_dim=16, tie_word_embeddings=False),
+        {},
+    ),
+}
+
+
+def build_checkpoint(arch: str, path: os.PathLike) -> transformers.PreTrainedModel:
+    config_cls, model_cls, extra, save_kwargs = ARCHS[arch]
+    torch.manual_seed(0)
+    config = config_cls(**{**COMMON, **extra})
+    model = model_cls(config).eval()
+    model.save_pretrained(path, **save_kwargs)
+    return model
+
+
+class Checkpoint:
+    """A saved tiny model plus its transformers twin, the oracle."""
+
+    def __init__(self, arch: str, path: str, hf_model: transformers.PreTrainedModel) -> None:
+        self.arch = arch
+        self.path = path
+        self.hf_model = hf_model
+        self._reference: dict[tuple[tuple[int, ...], int], list[int]] = {}
+
+    def reference(self, prompt: list[int], max_new_tokens: int) -> list[int]:
+        """`generate(do_sample=False)` of transformers, cached per prompt."""
+        key = (tuple(prompt), max_new_tokens)
+        if key not in self._reference:
+            with torch.no_grad():
+                out = self.hf_model.generate(
+                    torch.tensor([prompt]),
+                    do_sample=False,
+                    max_new_tokens=max_new_tokens,
+                    pad_token_id=0,
+                )
+            self._reference[key] = out[0, len(prompt) :].tolist()
+        return self._reference[key]
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Checkpoint]:
+    root = tmp_path_factory.mktemp("checkpoints")
+    result = {}
+    for arch in ARCHS:
+        path = root / arch
+        result[arch] = Checkpoint(arch, str(path), build_checkpoint(arch, path))
+    return result
+
+
+@pytest.fixture(params=sorted(ARCHS))
+def checkpoint(request: pytest.FixtureRequest, checkpoints: dict[str, Checkpoint]) -> Checkpoint:
+    return checkpoints[request.param]
+
+
+@pytest.fixture(scope="session")
+def runners(checkpoints: dict[str, Checkpoint]):
+    """One float32 CPU runner per architecture, shared (tests free what they allocate)."""
+    from kvserve.model import ModelRunner
+
+    return {
+        arch: ModelRunner(
+            ck.path, block_size=4, num_blocks=96, device="cpu", dtype="float32", num_threads=1
+        )
+        for arch, ck in checkpoints.items()
+    }

@@ -1,0 +1,130 @@
+"""A minimal scheduler loop for the tests: real block tables from KVCacheManager.
+
+It exercises exactly what the engine will: prefix lookup, atomic slot
+allocation (with pending-block sharing inside a step), chunked prefill,
+decode, end_step and free, around `ModelRunner.execute`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from kvserve.kvcache import CacheSequence, KVCacheConfig, KVCacheManager
+from kvserve.model import ModelRunner, SeqChunk
+from kvserve.sampling_params import SamplingParams
+
+NEW = 10
+"""Tokens generated per request in the oracle tests."""
+
+
+def prompt(length: int, salt: int = 0) -> list[int]:
+    """A deterministic prompt of random token ids (all below the tiny vocab of 320)."""
+    gen = torch.Generator().manual_seed(1000 * salt + length)
+    return torch.randint(3, 300, (length,), generator=gen).tolist()
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt: list[int]
+    max_new_tokens: int
+    params: SamplingParams | None = None
+    arrival_step: int = 0
+    seq: CacheSequence = field(init=False)
+    num_computed: int = 0
+    output: list[int] = field(default_factory=list)
+    hit_tokens: int = 0
+    """Prompt tokens found in the prefix cache (shared, not recomputed)."""
+    skipped_writes: int = 0
+    """skip_write_tokens the manager set: the fully cached prompt case."""
+    done: bool = False
+
+    def __post_init__(self) -> None:
+        self.seq = CacheSequence(self.request_id, list(self.prompt))
+
+
+@dataclass
+class Driver:
+    runner: ModelRunner
+    chunk_size: int | None = None
+    """Most prompt tokens one request computes per step (None = whole prompt)."""
+    enable_prefix_caching: bool = True
+    manager: KVCacheManager = field(init=False)
+    steps: int = 0
+
+    def __post_init__(self) -> None:
+        config = KVCacheConfig(
+            num_blocks=self.runner.num_blocks,
+            block_size=self.runner.block_size,
+            enable_prefix_caching=self.enable_prefix_caching,
+        )
+        self.manager = KVCacheManager(config)
+
+    def run(self, requests: list[Request]) -> list[list[int]]:
+        """Step until every request is done; each request's generated tokens."""
+        pending = sorted(requests, key=lambda r: r.arrival_step)
+        active: list[Request] = []
+        while pending or active:
+            while pending and pending[0].arrival_step <= self.steps:
+                request = pending.pop(0)
+                self.manager.add_sequence(request.seq)
+                active.append(request)
+            if active:
+                self.step(active)
+            active = [r for r in active if not r.done]
+            self.steps += 1
+        return [r.output for r in requests]
+
+    def step(self, requests: list[Request]) -> None:
+        m = self.manager
+        scheduled: list[tuple[Request, int]] = []
+        for r in requests:
+            seq = r.seq
+            hit = m.get_computed_blocks(seq, r.num_computed)
+            if hit.num_tokens:
+                r.hit_tokens += hit.num_tokens
+                r.num_computed += hit.num_tokens
+            remaining = len(seq.token_ids) - r.num_computed
+            num_new = remaining if self.chunk_size is None else min(remaining, self.chunk_size)
+            assert num_new >= 1
+            assert m.allocate_slots(seq, num_new, r.num_computed, hit), "test pool too small"
+            r.skipped_writes = max(r.skipped_writes, seq.skip_write_tokens)
+            scheduled.append((r, num_new))
+        chunks = [
+            SeqChunk(
+                request_id=r.request_id,
+                token_ids=r.seq.token_ids[r.num_computed : r.num_computed + n],
+                start_pos=r.num_computed,
+                block_table=m.block_ids(r.seq)[0],
+                skip_write_until=r.seq.skip_write_tokens,
+                sample=r.num_computed + n == len(r.seq.token_ids),
+                params=r.params,
+            )
+            for r, n in scheduled
+        ]
+        tokens = self.runner.execute(chunks)
+        m.end_step()
+        for (r, n), token in zip(scheduled, tokens, strict=True):
+            r.num_computed += n
+            if token is None:
+                continue
+            r.output.append(token)
+            r.seq.token_ids.append(token)
+            stop = token in self.runner.eos_token_ids and not (r.params and r.params.ignore_eos)
+            if stop or len(r.output) >= r.max_new_tokens:
+                r.done = True
+                m.free(r.seq)
+                self.runner.free_request(r.request_id)
+
+
+def generate(
+    runner: ModelRunner,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    **driver_kwargs,
+) -> list[list[int]]:
+    """Greedy tokens for prompts that all arrive at step 0."""
+    requests = [Request(f"r{i}", p, max_new_tokens) for i, p in enumerate(prompts)]
+    return Driver(runner, **driver_kwargs).run(requests)
