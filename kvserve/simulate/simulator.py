@@ -7,12 +7,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kvserve.engine.content_tracker import ContentTracker
 from kvserve.engine.model_free_runner import ModelFreeRunner
 from kvserve.engine.request import Request
 from kvserve.engine.scheduler import Scheduler, SchedulerConfig
 from kvserve.kvcache.invariants import check_invariants
 from kvserve.kvcache.manager import KVCacheConfig, KVCacheManager
-from kvserve.engine.content_tracker import ContentTracker
 from kvserve.simulate.workloads import SimRequest, Workload
 
 DEFAULT_MAX_BLOCKS = 1_000_000
