@@ -7,6 +7,7 @@ one group's allocation can never evict another group's hit (vLLM #44409).
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -90,6 +91,16 @@ class KVCacheManager:
         seq.num_cached_blocks = 0
         if self.enable_caching:
             self._hash(seq)
+        # Hashing covers full blocks only: check the rest too, so a bad id fails
+        # here and not inside a later allocate_slots (DESIGN invariant 11).
+        checked = len(seq.block_hashes) * self.block_size if self.enable_caching else 0
+        rest = seq.token_ids[checked:]
+        try:
+            struct.pack(f"<{len(rest)}I", *rest)
+        except struct.error as exc:
+            raise ValueError(
+                f"request {seq.request_id}: token ids must be integers in [0, 2**32): {exc}"
+            ) from None
 
     def _hash(self, seq: CacheSequence) -> None:
         try:
@@ -226,7 +237,11 @@ class KVCacheManager:
         self.pool.end_step()
 
     def free(self, seq: CacheSequence) -> None:
-        """Return every block of `seq` (tail first, so the tail is evicted first)."""
+        """Return every block of `seq` (tail first, so the tail is evicted first).
+
+        Only between steps: blocks `seq` registered as pending in the step being
+        scheduled may already be shared, and must be filled by that step.
+        """
         release = self.pool.release
         for table in seq.kv_blocks:
             release(reversed(table))
