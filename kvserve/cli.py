@@ -79,6 +79,18 @@ def _add_simulate(sub: argparse._SubParsersAction) -> None:
     k = p.add_argument_group("KV cache and scheduler")
     k.add_argument("--block-size", type=_positive, default=16, help="tokens per hash block")
     k.add_argument(
+        "--model-spec",
+        choices=["full", "gemma3-like"],
+        default="full",
+        help="KV cache groups of the simulated model: full attention only, or Gemma 3's "
+        "full-attention group plus two sliding-window groups (window 1024)",
+    )
+    k.add_argument(
+        "--groups",
+        help="explicit groups instead of --model-spec, comma separated: "
+        "'full' or 'sliding:<window>', e.g. full,sliding:512",
+    )
+    k.add_argument(
         "--num-blocks",
         type=_positive,
         help="blocks in the pool (default: enough that the workload never evicts)",
@@ -157,10 +169,14 @@ def _run_simulate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from kvserve.simulate.report import format_report
-    from kvserve.simulate.simulator import SimConfig, simulate
+    from kvserve.simulate.simulator import MODEL_SPECS, SimConfig, simulate
 
     workload = _workload(args)
+    groups = MODEL_SPECS[args.model_spec]
+    if args.groups:
+        groups = tuple(part.strip() for part in args.groups.split(",") if part.strip())
     config = SimConfig(
+        groups=groups,
         block_size=args.block_size,
         num_blocks=args.num_blocks,
         max_num_seqs=args.max_num_seqs,

@@ -26,8 +26,12 @@ class ContentTracker:
         self._hasher = BlockHasher(block_size, "xxh3_128", seed=12345)
         self._seen: set[bytes] = set()
         self._hashes: dict[str, list[bytes]] = {}
-        self._recorded: dict[str, list[tuple[bytes, int]]] = {}
-        self._holders: dict[bytes, dict[int, int]] = {}
+        self._recorded: dict[str, list[list[tuple[tuple[int, bytes], int] | None]]] = {}
+        """Per request, per group: (content key, block id) of each full computed block,
+        None once released out of a sliding window."""
+        self._num_recorded: dict[str, int] = {}
+        self._first_held: dict[str, list[int]] = {}
+        self._holders: dict[tuple[int, bytes], dict[int, int]] = {}
         self.ideal_prefill_tokens = 0
         self.duplicates = 0
         self.duplicates_peak = 0
@@ -56,36 +60,63 @@ class ContentTracker:
         seen = self._seen
         for chunk in out.chunks:
             req = chunk.request
-            recorded = self._recorded.setdefault(req.request_id, [])
+            rid = req.request_id
+            tables = req.kv_blocks
+            recorded = self._recorded.get(rid)
+            if recorded is None:
+                recorded = self._recorded[rid] = [[] for _ in tables]
+            # Blocks a sliding window released (leading null entries) are no longer held.
+            firsts = self._first_held.setdefault(rid, [0] * len(tables))
+            for group, table in enumerate(tables):
+                entries = recorded[group]
+                i = firsts[group]
+                while i < len(entries) and i < len(table) and not table[i].block_id:
+                    if entries[i] is not None:
+                        self._drop(entries[i])  # type: ignore[arg-type]
+                        entries[i] = None
+                    i += 1
+                firsts[group] = i
+            done = self._num_recorded.get(rid, 0)
             full = req.num_computed_tokens // bs
-            if full <= len(recorded):
+            if full <= done:
                 continue
             hashes = self._content(req)
-            table = req.kv_blocks[0]
-            for i in range(len(recorded), full):
+            for i in range(done, full):
                 content = hashes[i]
                 seen.add(content)
-                if i >= len(table):  # finished in this step: computed, already freed
-                    continue
-                block_id = table[i].block_id
-                recorded.append((content, block_id))
-                holders = self._holders.setdefault(content, {})
-                if block_id not in holders and holders:
-                    self.duplicates += 1
-                holders[block_id] = holders.get(block_id, 0) + 1
+                for group, table in enumerate(tables):
+                    # Finished in this step (computed, already freed): nothing held.
+                    if i >= len(table) or not table[i].block_id:
+                        recorded[group].append(None)
+                        continue
+                    entry = ((group, content), table[i].block_id)
+                    recorded[group].append(entry)
+                    holders = self._holders.setdefault(entry[0], {})
+                    if entry[1] not in holders and holders:
+                        self.duplicates += 1
+                    holders[entry[1]] = holders.get(entry[1], 0) + 1
+            self._num_recorded[rid] = full
         if self.duplicates > self.duplicates_peak:
             self.duplicates_peak = self.duplicates
 
+    def _drop(self, entry: tuple[tuple[int, bytes], int]) -> None:
+        content, block_id = entry
+        holders = self._holders[content]
+        holders[block_id] -= 1
+        if not holders[block_id]:
+            del holders[block_id]
+            if holders:
+                self.duplicates -= 1
+        if not holders:
+            del self._holders[content]
+
     def released(self, req: Request) -> None:
         """`req` gave back its blocks (finished or preempted)."""
-        for content, block_id in self._recorded.pop(req.request_id, ()):
-            holders = self._holders[content]
-            holders[block_id] -= 1
-            if not holders[block_id]:
-                del holders[block_id]
-                if holders:
-                    self.duplicates -= 1
-            if not holders:
-                del self._holders[content]
+        for entries in self._recorded.pop(req.request_id, ()):
+            for entry in entries:
+                if entry is not None:
+                    self._drop(entry)
+        self._num_recorded.pop(req.request_id, None)
+        self._first_held.pop(req.request_id, None)
         if req.status.finished:
             self._hashes.pop(req.request_id, None)

@@ -1,7 +1,10 @@
 """Per-group managers: how one kind of layer finds hits and needs blocks.
 
 The coordinator (manager.py) asks each group the same questions; a sliding
-window or state group answers them differently without touching the pool.
+window group answers them differently from full attention without touching
+the pool. Verification anchors: a sliding-window block cannot be chained to
+its left neighbour (that one may be gone), so it records the registration of
+the full-attention block at the same position and a hit must match it.
 """
 
 from __future__ import annotations
@@ -9,13 +12,15 @@ from __future__ import annotations
 from kvserve.kvcache.block import ROOT_CACHE_ID, KVBlock
 from kvserve.kvcache.block_pool import BlockPool
 from kvserve.kvcache.sequence import CacheSequence
-from kvserve.kvcache.specs import FullAttentionSpec
+from kvserve.kvcache.specs import FullAttentionSpec, SlidingWindowSpec
 
 
 class FullAttentionGroup:
     """Full attention: a hit is the longest run of cached blocks from the left."""
 
     __slots__ = ("block_size", "group_id", "index", "pool", "spec", "verify")
+
+    kind = "full_attention"
 
     def __init__(
         self, group_id: int, spec: FullAttentionSpec, pool: BlockPool, verify: bool
@@ -27,7 +32,13 @@ class FullAttentionGroup:
         self.index = pool.index[group_id]
         self.verify = verify
 
-    def find_hit(self, seq: CacheSequence, start: int, max_blocks: int) -> list[KVBlock]:
+    def find_hit(
+        self,
+        seq: CacheSequence,
+        start: int,
+        max_blocks: int,
+        anchors: list[KVBlock] | None = None,
+    ) -> list[KVBlock]:
         """Cached blocks `start, start+1, ...` (at most up to `max_blocks`).
 
         With verification on, a block only counts if it holds exactly this
@@ -66,13 +77,25 @@ class FullAttentionGroup:
         """Blocks to take from the pool so `num_tokens` tokens have slots."""
         return -(-num_tokens // self.block_size) - len(seq.kv_blocks[self.group_id]) - num_hit
 
-    def cache_full_blocks(self, seq: CacheSequence, start: int, end: int) -> None:
+    def remove_skipped(self, seq: CacheSequence, num_computed_tokens: int) -> None:
+        """Full attention keeps every block."""
+
+    def cache_full_blocks(
+        self, seq: CacheSequence, start: int, end: int, anchors: list[int] | None = None
+    ) -> list[int]:
         """Register blocks `start..end-1` (all of whose tokens are scheduled).
 
         A block whose content another block already holds is not registered:
         the cached copy is touched and queued in `seq.merges`, to replace ours
-        after the step, so identical content is never held twice.
+        after the step, so identical content is never held twice. Returns the
+        registration id now standing for each block (0 once the chain broke):
+        the anchors other groups verify against.
         """
+        held = seq.kv_blocks[self.group_id]
+        parent = held[start - 1].cache_id if start else ROOT_CACHE_ID
+        return self._register(seq, start, end, lambda i, last: last, parent)
+
+    def _register(self, seq, start, end, parent_of, parent) -> list[int]:
         pool = self.pool
         index = self.index
         held = seq.kv_blocks[self.group_id]
@@ -80,8 +103,12 @@ class FullAttentionGroup:
         tokens = seq.token_ids
         bs = self.block_size
         first_extra, other_extra = seq.extra_keys
-        parent = held[start - 1].cache_id if start else ROOT_CACHE_ID
+        ids: list[int] = []
         for i in range(start, end):
+            parent = parent_of(i, parent)
+            if not parent:
+                seq.cache_chain_broken = True
+                break
             block_hash = hashes[i]
             block_tokens = tokens[i * bs : (i + 1) * bs]
             extra = other_extra if i else first_extra
@@ -104,3 +131,113 @@ class FullAttentionGroup:
                 # A collision: this content cannot be indexed, nor anything chained to it.
                 seq.cache_chain_broken = True
                 break
+            ids.append(parent)
+        return ids
+
+
+class SlidingWindowGroup(FullAttentionGroup):
+    """Sliding window W: only the blocks holding the last W-1 keys must be present.
+
+    Blocks wholly before the window are released while the request runs (the
+    null block takes their place in the table; they stay cached until
+    evicted), and a hit at position c needs only the blocks covering
+    [c - W + 1, c).
+    """
+
+    __slots__ = ("window",)
+
+    kind = "sliding_window"
+
+    def __init__(
+        self, group_id: int, spec: SlidingWindowSpec, pool: BlockPool, verify: bool
+    ) -> None:
+        super().__init__(group_id, spec, pool, verify)  # type: ignore[arg-type]
+        self.window = spec.sliding_window
+
+    def _first_needed(self, num_tokens: int) -> int:
+        """Index of the first block a token at position `num_tokens` still reads."""
+        first_key = num_tokens - self.window + 1
+        return first_key // self.block_size if first_key > 0 else 0
+
+    def find_window_hit(
+        self,
+        seq: CacheSequence,
+        start: int,
+        candidate: int,
+        anchors: list[KVBlock] | None,
+    ) -> tuple[int, list[KVBlock]]:
+        """Largest k <= candidate whose window blocks are cached; table entries [start, k)."""
+        hashes = seq.block_hashes
+        index_get = self.index.get
+        bs = self.block_size
+        tokens = seq.token_ids
+        first_extra, other_extra = seq.extra_keys
+        verify = self.verify
+        null = self.pool.null_block
+        found: dict[int, KVBlock | None] = {}
+
+        def lookup(i: int) -> KVBlock | None:
+            if i in found:
+                return found[i]
+            block = index_get(hashes[i])
+            if block is not None and verify:
+                anchor = (
+                    anchors[i - start] if anchors is not None and i - start < len(anchors) else None
+                )
+                if (
+                    (
+                        anchors is not None
+                        and (anchor is None or block.parent_cache_id != anchor.cache_id)
+                    )
+                    or block.token_ids != tokens[i * bs : (i + 1) * bs]
+                    or block.extra != (other_extra if i else first_extra)
+                ):
+                    block = None
+            found[i] = block
+            return block
+
+        k = candidate
+        while k > start:
+            lo = max(start, self._first_needed(k * bs))
+            for i in range(k - 1, lo - 1, -1):
+                if lookup(i) is None:
+                    k = i
+                    break
+            else:
+                blocks = [null] * (lo - start)
+                blocks.extend(found[i] for i in range(lo, k))  # type: ignore[misc]
+                return k, blocks
+        return start, []
+
+    def remove_skipped(self, seq: CacheSequence, num_computed_tokens: int) -> None:
+        """Release blocks no token from `num_computed_tokens` on will read."""
+        table = seq.kv_blocks[self.group_id]
+        end = min(self._first_needed(num_computed_tokens), len(table))
+        null = self.pool.null_block
+        i = seq.num_skipped_blocks[self.group_id]
+        if i >= end:
+            return
+        released = []
+        for j in range(i, end):
+            if table[j] is not null:
+                released.append(table[j])
+                table[j] = null
+        seq.num_skipped_blocks[self.group_id] = end
+        self.pool.release(reversed(released))
+
+    def cache_full_blocks(
+        self, seq: CacheSequence, start: int, end: int, anchors: list[int] | None = None
+    ) -> list[int]:
+        """Register like full attention, each block anchored to the full-attention block."""
+        if anchors is None:
+            held = seq.kv_blocks[self.group_id]
+            parent = (
+                held[start - 1].cache_id if start and held[start - 1].cache_id else ROOT_CACHE_ID
+            )
+            return self._register(seq, start, end, lambda i, last: last, parent)
+        return self._register(
+            seq, start, start + len(anchors), lambda i, last: anchors[i - start], ROOT_CACHE_ID
+        )
+
+
+GROUP_TYPES = {FullAttentionSpec: FullAttentionGroup, SlidingWindowSpec: SlidingWindowGroup}

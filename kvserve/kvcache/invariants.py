@@ -31,6 +31,8 @@ def count_duplicate_blocks(
             manager.hasher.extend(seq.block_hashes, seq.token_ids, seq.extra_keys)
             for i in range(min(full, len(table))):
                 block_id = table[i].block_id
+                if not block_id:  # the null block: released out of a sliding window
+                    continue
                 holder = first_holder.setdefault(seq.block_hashes[i], block_id)
                 if holder != block_id:
                     extra.add(block_id)
@@ -55,9 +57,15 @@ def check_invariants(
     bs = manager.block_size
     holders = [0] * len(pool.blocks)
     for seq in seqs:
-        for table in seq.kv_blocks:
-            for block in table:
-                holders[block.block_id] += 1
+        for group, table in zip(manager.groups, seq.kv_blocks, strict=True):
+            nulls = 0
+            for i, block in enumerate(table):
+                if block.block_id:
+                    holders[block.block_id] += 1
+                elif group.kind != "sliding_window" or i != nulls:
+                    raise InvariantError(f"{seq.request_id}: null block inside a table")
+                else:
+                    nulls += 1
         for _, _, copy in seq.merges:
             holders[copy.block_id] += 1
     # 1. ref counts equal holders; the null block is never handed out.
@@ -92,7 +100,7 @@ def check_invariants(
             manager.hasher.extend(seq.block_hashes, seq.token_ids, seq.extra_keys)
         for table in seq.kv_blocks:
             for i, block in enumerate(table):
-                if block.block_hash is None:
+                if block.block_hash is None or not block.block_id:
                     continue
                 if block.block_hash != seq.block_hashes[i]:
                     raise InvariantError(
@@ -104,15 +112,21 @@ def check_invariants(
                     )
     if num_computed is None:
         return
-    # 6. slots exist for exactly the computed tokens.
+    # 6. slots exist for exactly the computed tokens; a window keeps what it reads.
     for seq in seqs:
-        need = -(-num_computed[seq.request_id] // bs)
-        for table in seq.kv_blocks:
+        computed = num_computed[seq.request_id]
+        need = -(-computed // bs)
+        for group, table in zip(manager.groups, seq.kv_blocks, strict=True):
             if len(table) != need:
                 raise InvariantError(
                     f"{seq.request_id}: {len(table)} blocks for "
-                    f"{num_computed[seq.request_id]} computed tokens (need {need})"
+                    f"{computed} computed tokens (need {need})"
                 )
+            if group.kind == "sliding_window":
+                # The next token (at `computed`) reads keys from computed - W + 1 on.
+                first = max(0, computed - group.window + 1) // bs
+                if any(not b.block_id for b in table[first:]):
+                    raise InvariantError(f"{seq.request_id}: a block inside the window is gone")
     # 7. identical full blocks are never held twice.
     if manager.enable_caching:
         duplicates = count_duplicate_blocks(manager, seqs, num_computed)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from kvserve.kvcache.block import KVBlock
 from kvserve.kvcache.block_pool import BlockPool
-from kvserve.kvcache.groups import FullAttentionGroup
+from kvserve.kvcache.groups import GROUP_TYPES, FullAttentionGroup, SlidingWindowGroup
 from kvserve.kvcache.hashing import DEFAULT_HASH, DEFAULT_SEED, BlockHasher, extra_key_bytes
 from kvserve.kvcache.sequence import CacheSequence
 from kvserve.kvcache.specs import FullAttentionSpec, KVCacheSpec
@@ -75,9 +75,14 @@ class KVCacheManager:
         self.hasher = BlockHasher(config.block_size, config.hash_fn, config.hash_seed)
         self.pool = BlockPool(config.num_blocks, num_groups=len(specs))
         self.groups = [
-            FullAttentionGroup(i, spec, self.pool, config.verify_hits)
+            GROUP_TYPES[type(spec)](i, spec, self.pool, config.verify_hits)
             for i, spec in enumerate(specs)
         ]
+        # Sliding-window blocks verify against the first full-attention group.
+        anchor = [g for g in self.groups if type(g) is FullAttentionGroup]
+        self._anchor = anchor[0] if anchor else None
+        self._windowed = [g for g in self.groups if g is not self._anchor]
+        self._has_windows = any(isinstance(g, SlidingWindowGroup) for g in self.groups)
         self.stats = KVCacheStats()
         self._merging: list[CacheSequence] = []
         self._empty_hit = PrefixHit([[] for _ in specs], 0)
@@ -88,6 +93,7 @@ class KVCacheManager:
         """Prepare a new sequence: extra keys, empty block tables, prompt hashes."""
         seq.extra_keys = extra_key_bytes(seq.lora_name, seq.cache_salt)
         seq.kv_blocks = [[] for _ in self.groups]
+        seq.num_skipped_blocks = [0] * len(self.groups)
         seq.num_cached_blocks = 0
         if self.enable_caching:
             self._hash(seq)
@@ -130,21 +136,49 @@ class KVCacheManager:
             return self._empty_hit
         if len(seq.block_hashes) * bs + bs <= num_tokens:
             self._hash(seq)
-        # Each group may only shorten the candidate; full attention accepts any
-        # prefix it holds, so one pass reaches the fixed point.
-        candidate = num_tokens // bs
-        found_per_group = []
-        for group in self.groups:
-            found = group.find_hit(seq, held, candidate)
-            candidate = held + len(found)
-            if candidate == held:
-                return self._empty_hit
-            found_per_group.append(found)
-        blocks = [found[: candidate - held] for found in found_per_group]
+        candidate, blocks = self._fixed_point(seq, held, num_tokens // bs)
+        if candidate == held:
+            return self._empty_hit
         end = candidate * bs
         if end >= num_tokens:
             return PrefixHit(blocks, num_tokens - 1 - num_computed_tokens, skip_write_tokens=end)
         return PrefixHit(blocks, end - num_computed_tokens)
+
+    def _fixed_point(
+        self, seq: CacheSequence, held: int, candidate: int
+    ) -> tuple[int, list[list[KVBlock]]]:
+        """Longest hit every group accepts: each group may only shorten the candidate.
+
+        Full attention accepts any prefix of its run of hits; a sliding window
+        accepts only ends whose window is cached, so the groups are asked in
+        turn until none shortens the candidate any more.
+        """
+        anchors = None
+        if self._anchor is not None:
+            anchors = self._anchor.find_hit(seq, held, candidate)
+            candidate = held + len(anchors)
+            if candidate == held or not self._windowed:
+                return candidate, [anchors]
+        windows: dict[int, list[KVBlock]] = {}
+        while True:
+            stable = True
+            for group in self._windowed:
+                k, found = group.find_window_hit(seq, held, candidate, anchors)
+                windows[group.group_id] = found
+                if k < candidate:
+                    candidate = k
+                    stable = False
+            if stable or candidate == held:
+                break
+        if candidate == held:
+            return held, []
+        tables = []
+        for group in self.groups:
+            if group is self._anchor:
+                tables.append(anchors[: candidate - held])  # type: ignore[index]
+            else:
+                tables.append(windows[group.group_id])
+        return candidate, tables
 
     def allocate_slots(
         self,
@@ -153,17 +187,24 @@ class KVCacheManager:
         num_computed_tokens: int,
         hit: PrefixHit | None = None,
         num_lookahead_tokens: int = 0,
+        num_external_tokens: int = 0,
     ) -> bool:
         """Give `seq` slots for `num_new_tokens` tokens after its computed ones.
 
-        `num_computed_tokens` already includes `hit.num_tokens`. All or
-        nothing: returns False and changes nothing when the pool is short.
-        Full blocks whose tokens are all scheduled are registered now, as
-        pending, so a request admitted later in this same step shares them.
+        `num_computed_tokens` already includes `hit.num_tokens`;
+        `num_external_tokens` follow them (loaded from an external tier, so
+        they need new blocks too). All or nothing: returns False and changes
+        nothing when the pool is short (sliding-window blocks that no token
+        reads any more are released first either way). Full blocks whose
+        tokens are all scheduled are registered now, as pending, so a request
+        admitted later in this same step shares them.
         """
-        end = num_computed_tokens + num_new_tokens
+        end = num_computed_tokens + num_external_tokens + num_new_tokens
         total = end + num_lookahead_tokens
         pool = self.pool
+        if self._has_windows:
+            for group in self.groups:
+                group.remove_skipped(seq, num_computed_tokens)
         if hit is None or not hit.num_tokens:
             # Fast path (decodes, chunks): no hit blocks to take.
             need = 0
@@ -181,22 +222,26 @@ class KVCacheManager:
                     self.stats.peak_blocks_used = used
         else:
             hit_blocks = hit.blocks
+            null = pool.null_block
             needs = [
                 max(0, group.num_new_blocks(seq, total, len(hit_blocks[group.group_id])))
                 for group in self.groups
             ]
-            reclaimed = sum(1 for blocks in hit_blocks for b in blocks if b.ref_cnt == 0)
+            reclaimed = sum(
+                1 for blocks in hit_blocks for b in blocks if b.ref_cnt == 0 and b is not null
+            )
             if sum(needs) > pool.num_free - reclaimed:
                 return False
-            # Phase 1: take every group's local hits before anything is allocated.
+            # Phase 1: take every group's local hits before anything is allocated,
+            # so no group's new or external blocks can evict another group's hit.
             for group in self.groups:
                 blocks = hit_blocks[group.group_id]
-                pool.touch(blocks)
+                pool.touch([b for b in blocks if b is not null])
                 seq.kv_blocks[group.group_id].extend(blocks)
             seq.num_cached_blocks = len(seq.kv_blocks[0])
             if hit.skip_write_tokens:
                 seq.skip_write_tokens = hit.skip_write_tokens
-            # Phase 2: new blocks for every group.
+            # Phase 2: new (and external) blocks for every group.
             for group, n in zip(self.groups, needs, strict=True):
                 if n:
                     seq.kv_blocks[group.group_id].extend(pool.take(n))
@@ -211,8 +256,11 @@ class KVCacheManager:
                 if len(seq.block_hashes) < full:
                     self._hash(seq)
                 had_merges = bool(seq.merges)
+                anchors = None
                 for group in self.groups:
-                    group.cache_full_blocks(seq, start, full)
+                    ids = group.cache_full_blocks(seq, start, full, anchors)
+                    if group is self._anchor:
+                        anchors = ids
                 seq.num_cached_blocks = full
                 if seq.merges and not had_merges:
                     self._merging.append(seq)
@@ -243,9 +291,14 @@ class KVCacheManager:
         scheduled may already be shared, and must be filled by that step.
         """
         release = self.pool.release
+        null = self.pool.null_block
         for table in seq.kv_blocks:
-            release(reversed(table))
+            if self._has_windows:
+                release([b for b in reversed(table) if b is not null])
+            else:
+                release(reversed(table))
             table.clear()
+        seq.num_skipped_blocks = [0] * len(self.groups)
         if seq.merges:
             release([copy for _, _, copy in seq.merges])
             seq.merges.clear()
@@ -256,7 +309,7 @@ class KVCacheManager:
         seq.skip_write_tokens = 0
 
     def block_ids(self, seq: CacheSequence) -> list[list[int]]:
-        """Block table per group, for the runner."""
+        """Block table per group, for the runner (0: the null block, never read)."""
         return [[b.block_id for b in table] for table in seq.kv_blocks]
 
     def reset_prefix_cache(self) -> bool:

@@ -33,6 +33,8 @@ class CacheSequence:
     """(group, block index, cached copy) to swap in after the step: late merges."""
     skip_write_tokens: int = 0
     """Tokens whose KV already sits in shared blocks (fully cached prompt)."""
+    num_skipped_blocks: list[int] = field(default_factory=list)
+    """Per group, leading table entries released to the null block (sliding window)."""
 
     @property
     def num_tokens(self) -> int:

@@ -25,7 +25,8 @@ ROWS = [
 
 def format_report(report: dict) -> str:
     title = (
-        f"kvserve simulate: {report['workload']}  (block size {report['block_size']}, "
+        f"kvserve simulate: {report['workload']}  (groups {','.join(report['groups'])}, "
+        f"block size {report['block_size']}, "
         f"prefix caching {'on' if report['prefix_caching'] else 'off'}, hash {report['hash']})"
     )
     width = max(len(label) for _, label, _ in ROWS)

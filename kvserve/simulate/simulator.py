@@ -13,6 +13,7 @@ from kvserve.engine.request import Request
 from kvserve.engine.scheduler import Scheduler, SchedulerConfig
 from kvserve.kvcache.invariants import check_invariants
 from kvserve.kvcache.manager import KVCacheConfig, KVCacheManager
+from kvserve.kvcache.specs import spec_from_name
 from kvserve.simulate.workloads import SimRequest, Workload
 
 DEFAULT_MAX_BLOCKS = 1_000_000
@@ -32,12 +33,23 @@ class SimConfig:
     verify_hits: bool = True
     check: bool = False
     """Verify every DESIGN invariant after every step (slow)."""
+    groups: tuple[str, ...] = ("full",)
+    """KV cache groups: 'full' or 'sliding:<window>' each (see MODEL_SPECS)."""
 
 
-def ample_blocks(workload: Workload, block_size: int) -> int:
+MODEL_SPECS: dict[str, tuple[str, ...]] = {
+    "full": ("full",),
+    "gemma3-like": ("full", "sliding:1024", "sliding:1024"),
+}
+"""Group layouts `simulate --model-spec` knows: the hybrid coordinator without torch.
+gemma3-like: Gemma 3's interleaved global and local (1024-token window) layers,
+grouped as one full-attention group and two sliding-window groups."""
+
+
+def ample_blocks(workload: Workload, block_size: int, num_groups: int = 1) -> int:
     reqs = len(workload.requests)
     need = workload.max_total_tokens // block_size + 2 * max(reqs, 1) + 1
-    return min(need, DEFAULT_MAX_BLOCKS)
+    return min(need * num_groups, DEFAULT_MAX_BLOCKS)
 
 
 def simulate(
@@ -46,11 +58,12 @@ def simulate(
     progress: Callable[[int], None] | None = None,
 ) -> dict:
     """Run `workload` to completion; returns the report (see README for the keys)."""
-    num_blocks = config.num_blocks or ample_blocks(workload, config.block_size)
+    num_blocks = config.num_blocks or ample_blocks(workload, config.block_size, len(config.groups))
     manager = KVCacheManager(
         KVCacheConfig(
             num_blocks=num_blocks,
             block_size=config.block_size,
+            specs=[spec_from_name(g, config.block_size) for g in config.groups],
             enable_prefix_caching=config.enable_prefix_caching,
             hash_fn=config.hash_fn,
             hash_seed=config.hash_seed,
@@ -138,6 +151,7 @@ def simulate(
         "workload": workload.name,
         "params": workload.params,
         "block_size": config.block_size,
+        "groups": list(config.groups),
         "num_blocks": num_blocks,
         "prefix_caching": config.enable_prefix_caching,
         "hash": config.hash_fn,
