@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "CompletionOutput", "RequestOutput", "SamplingParams"]
+__all__ = ["LLM", "CompletionOutput", "KVEventsConfig", "RequestOutput", "SamplingParams"]
 
 if TYPE_CHECKING:
+    from kvserve.events.config import KVEventsConfig
     from kvserve.llm import LLM
     from kvserve.outputs import CompletionOutput, RequestOutput
     from kvserve.sampling_params import SamplingParams
@@ -23,6 +24,10 @@ def __getattr__(name: str) -> Any:
         from kvserve.sampling_params import SamplingParams
 
         return SamplingParams
+    if name == "KVEventsConfig":
+        from kvserve.events.config import KVEventsConfig
+
+        return KVEventsConfig
     if name in ("RequestOutput", "CompletionOutput"):
         from kvserve import outputs
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 from kvserve.kvcache.hashing import DEFAULT_SEED, HASH_FUNCTIONS
@@ -115,6 +116,7 @@ def _add_simulate(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="trust hashes without comparing token ids (faster; a collision could hit)",
     )
+    _add_kv_events_option(k)
     o = p.add_argument_group("output")
     o.add_argument(
         "--check", action="store_true", help="verify every DESIGN invariant after every step"
@@ -175,6 +177,8 @@ def _run_simulate(args: argparse.Namespace) -> int:
     groups = MODEL_SPECS[args.model_spec]
     if args.groups:
         groups = tuple(part.strip() for part in args.groups.split(",") if part.strip())
+        if not groups:
+            raise ValueError(f"--groups {args.groups!r} names no group: use e.g. full,sliding:512")
     config = SimConfig(
         groups=groups,
         block_size=args.block_size,
@@ -186,6 +190,8 @@ def _run_simulate(args: argparse.Namespace) -> int:
         hash_seed=args.hash_seed,
         verify_hits=not args.no_verify_hits,
         check=args.check,
+        kv_events_config=args.kv_events_config,
+        kv_events_linger=args.kv_events_linger,
     )
     with tqdm(
         total=workload.expected_requests,
@@ -273,6 +279,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
         help="auto: float32 on the CPU, bfloat16 on CUDA",
     )
     e.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    _add_kv_events_option(e)
     e.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_run_generate)
 
@@ -309,9 +316,15 @@ def _run_generate(args: argparse.Namespace) -> int:
         enable_prefix_caching=not args.no_prefix_caching,
         dtype=args.dtype,
         device=args.device,
+        kv_events_config=args.kv_events_config,
     )
     prompts = args.prompt or DEMO_PROMPTS
-    outputs = llm.generate(prompts, params, use_tqdm=not args.no_progress)
+    try:
+        outputs = llm.generate(prompts, params, use_tqdm=not args.no_progress)
+    finally:
+        if args.kv_events_config:
+            time.sleep(args.kv_events_linger)
+        llm.shutdown()
     for output in outputs:
         print(f"prompt: {output.prompt!r}")
         for completion in output.outputs:
@@ -338,6 +351,58 @@ def _run_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_kv_events_option(group: argparse._ArgumentGroup) -> None:
+    group.add_argument(
+        "--kv-events-config",
+        metavar="JSON",
+        help="publish KV cache events, vLLM's keys, e.g. "
+        '\'{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557", '
+        '"replay_endpoint": "tcp://*:5558"}\' (watch them with `kvserve events`)',
+    )
+    group.add_argument(
+        "--kv-events-linger",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="keep serving KV event replay and snapshots this long after the run",
+    )
+
+
+def _add_events(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "events",
+        help="watch an engine's KV cache events",
+        description=(
+            "Subscribe to an engine's KV cache events, print each one and the size of the "
+            "prefix index built from them. Recovers from gaps by replay or a snapshot."
+        ),
+    )
+    p.add_argument("--connect", required=True, help="the engine's PUB endpoint, tcp://host:port")
+    p.add_argument(
+        "--replay",
+        help="the engine's replay endpoint (default: the --connect port + 1)",
+    )
+    p.add_argument("--topic", default="", help="topic to subscribe to")
+    p.add_argument("--duration", type=float, help="stop after this many seconds")
+    p.add_argument("--quiet", action="store_true", help="print only the index size")
+    p.set_defaults(func=_run_events)
+
+
+def _run_events(args: argparse.Namespace) -> int:
+    from kvserve.events.watch import watch
+
+    replay = args.replay
+    if replay is None:
+        base, _, port = args.connect.rpartition(":")
+        if not port.isdigit():
+            raise ValueError(
+                f"cannot derive a replay endpoint from {args.connect!r}: pass --replay"
+            )
+        replay = f"{base}:{int(port) + 1}"
+    watch(args.connect, replay, topic=args.topic, duration=args.duration, quiet=args.quiet)
+    return 0
+
+
 def _rate(tokens: int, seconds: float) -> str:
     return f"{tokens / seconds:.1f} tok/s" if seconds > 0 else "n/a"
 
@@ -350,6 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_generate(sub)
     _add_simulate(sub)
+    _add_events(sub)
     return parser
 
 

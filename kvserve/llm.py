@@ -38,6 +38,7 @@ class LLM:
         hash_fn: str = "sha256",
         hash_seed: int = 0,
         num_threads: int | None = None,
+        kv_events_config: Any = None,
     ) -> None:
         self.engine = LLMEngine(
             model,
@@ -54,6 +55,7 @@ class LLM:
             hash_fn=hash_fn,
             hash_seed=hash_seed,
             num_threads=num_threads,
+            kv_events_config=kv_events_config,
         )
         self._ids = itertools.count()
         self.last_run_seconds = 0.0
@@ -130,7 +132,11 @@ class LLM:
 
     def reset_prefix_cache(self) -> bool:
         """Forget all cached blocks; refused (False) while requests hold blocks."""
-        return self.engine.manager.reset_prefix_cache()
+        return self.engine.reset_prefix_cache()
+
+    def shutdown(self) -> None:
+        """Release background resources (the KV events publisher)."""
+        self.engine.shutdown()
 
 
 def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:

@@ -69,6 +69,7 @@ class LLMEngine:
         hash_fn: str = "sha256",
         hash_seed: int = 0,
         num_threads: int | None = None,
+        kv_events_config: Any = None,
     ) -> None:
         from kvserve.model.runner import ModelRunner  # torch stays out of kvcache imports
 
@@ -111,6 +112,12 @@ class LLMEngine:
         self.tracker = ContentTracker(block_size)
         self._requests: dict[str, _UserRequest] = {}
         self._vocab_size = self.runner.vocab_size
+        self.kv_events = None
+        """KV cache events (kvserve.events.EngineKVEvents); None when disabled."""
+        if kv_events_config is not None:
+            from kvserve.events.engine_events import make_engine_events
+
+            self.kv_events = make_engine_events(self.manager, kv_events_config)
 
     # -- requests ---------------------------------------------------------------
 
@@ -198,7 +205,36 @@ class LLMEngine:
     # -- one step ---------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Run one scheduler step; outputs of every request that advanced."""
+        """Run one scheduler step; outputs of every request that advanced.
+
+        With KV events on, the step runs under the events lock and publishes
+        its events (one batch) at the end.
+        """
+        events = self.kv_events
+        if events is None:
+            return self._step()
+        with events.lock:
+            outputs = self._step()
+            events.end_step()
+        return outputs
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget all cached blocks (refused while requests hold blocks); publishes the reset."""
+        events = self.kv_events
+        if events is None:
+            return self.manager.reset_prefix_cache()
+        with events.lock:
+            done = self.manager.reset_prefix_cache()
+            events.end_step()
+        return done
+
+    def shutdown(self) -> None:
+        """Stop the event publisher (sends what is queued first)."""
+        if self.kv_events is not None:
+            self.kv_events.close()
+            self.kv_events = None
+
+    def _step(self) -> list[RequestOutput]:
         t0 = time.perf_counter()
         out = self.scheduler.schedule()
         sampled = self._execute(out) if out.chunks else {}

@@ -121,7 +121,7 @@ class Scheduler:
                 f"prompt ({request.num_prompt_tokens} tokens) + max_tokens "
                 f"({request.max_tokens}) exceeds max_model_len ({limit})"
             )
-        blocks = self.manager.blocks_for_tokens(need)
+        blocks = self.manager.blocks_for_tokens(need, self.config.max_num_batched_tokens)
         if blocks > self.manager.num_usable_blocks:
             return (
                 f"prompt ({request.num_prompt_tokens} tokens) + max_tokens ({request.max_tokens}) "

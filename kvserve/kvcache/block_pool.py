@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from kvserve.kvcache.block import KVBlock
+
+if TYPE_CHECKING:
+    from kvserve.kvcache.event_sink import KVEventSink
 
 
 class NoFreeBlocksError(RuntimeError):
@@ -23,7 +27,15 @@ class BlockPool:
     the null block and is never handed out.
     """
 
-    __slots__ = ("_free", "_next_cache_id", "blocks", "index", "num_evictions", "pending")
+    __slots__ = (
+        "_free",
+        "_next_cache_id",
+        "blocks",
+        "events",
+        "index",
+        "num_evictions",
+        "pending",
+    )
 
     def __init__(self, num_blocks: int, num_groups: int = 1) -> None:
         if num_blocks < 2:
@@ -38,6 +50,8 @@ class BlockPool:
         self.pending: list[KVBlock] = []
         self._next_cache_id = 1
         self.num_evictions = 0
+        self.events: KVEventSink | None = None
+        """Event recorder (kvcache.event_sink); None when events are off."""
 
     @property
     def null_block(self) -> KVBlock:
@@ -69,6 +83,8 @@ class BlockPool:
         for _ in range(n):
             block = popitem(last=False)[1]
             if block.block_hash is not None:
+                if self.events is not None:
+                    self.events.removed(block)
                 self._uncache(block)
                 self.num_evictions += 1
             block.ref_cnt = 1
@@ -141,4 +157,6 @@ class BlockPool:
             if block.block_hash is not None:
                 self._uncache(block)
         # Nothing reusable remains, so queue order no longer matters.
+        if self.events is not None:
+            self.events.cleared()
         return True

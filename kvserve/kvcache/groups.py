@@ -73,6 +73,17 @@ class FullAttentionGroup:
             parent = block.cache_id
         return hit
 
+    def find_window_hit(
+        self,
+        seq: CacheSequence,
+        start: int,
+        candidate: int,
+        anchors: list[KVBlock] | None,
+    ) -> tuple[int, list[KVBlock]]:
+        """As a non-anchor group (a second full-attention group): its own run from the left."""
+        found = self.find_hit(seq, start, candidate)
+        return start + len(found), found
+
     def num_new_blocks(self, seq: CacheSequence, num_tokens: int, num_hit: int) -> int:
         """Blocks to take from the pool so `num_tokens` tokens have slots."""
         return -(-num_tokens // self.block_size) - len(seq.kv_blocks[self.group_id]) - num_hit
@@ -103,6 +114,7 @@ class FullAttentionGroup:
         tokens = seq.token_ids
         bs = self.block_size
         first_extra, other_extra = seq.extra_keys
+        events = pool.events
         ids: list[int] = []
         for i in range(start, end):
             parent = parent_of(i, parent)
@@ -117,6 +129,8 @@ class FullAttentionGroup:
                 block = held[i]
                 pool.register(self.group_id, block, block_hash, block_tokens, extra, parent, False)
                 parent = block.cache_id
+                if events is not None:
+                    events.stored(self.group_id, seq, i, block_tokens)
             elif existing is held[i]:
                 parent = existing.cache_id
             elif (
@@ -198,7 +212,9 @@ class SlidingWindowGroup(FullAttentionGroup):
 
         k = candidate
         while k > start:
-            lo = max(start, self._first_needed(k * bs))
+            # A hit covering every token recomputes the last one (at len - 1, its
+            # write skipped): its window, and the block holding it, must be there.
+            lo = max(start, self._first_needed(min(k * bs, len(tokens) - 1)))
             for i in range(k - 1, lo - 1, -1):
                 if lookup(i) is None:
                     k = i

@@ -83,6 +83,11 @@ class KVCacheManager:
         self._anchor = anchor[0] if anchor else None
         self._windowed = [g for g in self.groups if g is not self._anchor]
         self._has_windows = any(isinstance(g, SlidingWindowGroup) for g in self.groups)
+        # free() releases the anchor group last, so an anchor is never evicted before
+        # the window blocks verified against it (a stale anchor breaks later caching).
+        self._release_order = sorted(self.groups, key=lambda g: g is self._anchor)
+        # Registration runs the other way: window blocks record the anchor's registration.
+        self._register_order = self._release_order[::-1]
         self.stats = KVCacheStats()
         self._merging: list[CacheSequence] = []
         self._empty_hit = PrefixHit([[] for _ in specs], 0)
@@ -202,9 +207,11 @@ class KVCacheManager:
         end = num_computed_tokens + num_external_tokens + num_new_tokens
         total = end + num_lookahead_tokens
         pool = self.pool
+        hit_tokens = hit.num_tokens if hit is not None else 0
         if self._has_windows:
+            # Only what no token from the held ones on reads: the hit is not taken yet.
             for group in self.groups:
-                group.remove_skipped(seq, num_computed_tokens)
+                group.remove_skipped(seq, num_computed_tokens - hit_tokens)
         if hit is None or not hit.num_tokens:
             # Fast path (decodes, chunks): no hit blocks to take.
             need = 0
@@ -230,8 +237,22 @@ class KVCacheManager:
             reclaimed = sum(
                 1 for blocks in hit_blocks for b in blocks if b.ref_cnt == 0 and b is not null
             )
-            if sum(needs) > pool.num_free - reclaimed:
+            superseded = 0
+            if self._has_windows:
+                # Held window blocks before the hit end's window: released below.
+                for group in self.groups:
+                    if isinstance(group, SlidingWindowGroup):
+                        table = seq.kv_blocks[group.group_id]
+                        stop = min(group._first_needed(num_computed_tokens), len(table))
+                        skipped = seq.num_skipped_blocks[group.group_id]
+                        superseded += sum(
+                            1 for b in table[skipped:stop] if b.ref_cnt == 1 and b is not null
+                        )
+            if sum(needs) > pool.num_free + superseded - reclaimed:
                 return False
+            if self._has_windows:
+                for group in self.groups:
+                    group.remove_skipped(seq, num_computed_tokens)
             # Phase 1: take every group's local hits before anything is allocated,
             # so no group's new or external blocks can evict another group's hit.
             for group in self.groups:
@@ -257,7 +278,7 @@ class KVCacheManager:
                     self._hash(seq)
                 had_merges = bool(seq.merges)
                 anchors = None
-                for group in self.groups:
+                for group in self._register_order:
                     ids = group.cache_full_blocks(seq, start, full, anchors)
                     if group is self._anchor:
                         anchors = ids
@@ -292,7 +313,8 @@ class KVCacheManager:
         """
         release = self.pool.release
         null = self.pool.null_block
-        for table in seq.kv_blocks:
+        for group in self._release_order:
+            table = seq.kv_blocks[group.group_id]
             if self._has_windows:
                 release([b for b in reversed(table) if b is not null])
             else:
@@ -337,6 +359,18 @@ class KVCacheManager:
     def num_usable_blocks(self) -> int:
         return self.pool.num_usable
 
-    def blocks_for_tokens(self, num_tokens: int) -> int:
-        """Blocks one request of `num_tokens` tokens needs in every group together."""
-        return len(self.groups) * -(-num_tokens // self.block_size)
+    def blocks_for_tokens(self, num_tokens: int, max_chunk_tokens: int | None = None) -> int:
+        """Most blocks one request of `num_tokens` tokens holds at once, all groups together.
+
+        A sliding window holds only its window plus the chunk being computed.
+        """
+        bs = self.block_size
+        full = -(-num_tokens // bs)
+        total = 0
+        for group in self.groups:
+            if isinstance(group, SlidingWindowGroup) and max_chunk_tokens is not None:
+                span = group.window - 1 + max_chunk_tokens
+                total += min(full, -(-span // bs) + 1)
+            else:
+                total += full
+        return total

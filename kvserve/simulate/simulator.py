@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from kvserve.engine.content_tracker import ContentTracker
 from kvserve.engine.model_free_runner import ModelFreeRunner
@@ -35,6 +37,10 @@ class SimConfig:
     """Verify every DESIGN invariant after every step (slow)."""
     groups: tuple[str, ...] = ("full",)
     """KV cache groups: 'full' or 'sliding:<window>' each (see MODEL_SPECS)."""
+    kv_events_config: Any = None
+    """Publish KV cache events (a KVEventsConfig, its dict or JSON; None: off)."""
+    kv_events_linger: float = 0.0
+    """Seconds to keep serving replay and snapshots after the run (for watchers)."""
 
 
 MODEL_SPECS: dict[str, tuple[str, ...]] = {
@@ -56,8 +62,13 @@ def simulate(
     workload: Workload,
     config: SimConfig,
     progress: Callable[[int], None] | None = None,
+    before_step: Callable[[Scheduler, Any], None] | None = None,
 ) -> dict:
-    """Run `workload` to completion; returns the report (see README for the keys)."""
+    """Run `workload` to completion; returns the report (see README for the keys).
+
+    `before_step(scheduler, kv_events)` runs before each step is scheduled, with
+    the step's arrivals already waiting (tests compare a subscriber's view there).
+    """
     num_blocks = config.num_blocks or ample_blocks(workload, config.block_size, len(config.groups))
     manager = KVCacheManager(
         KVCacheConfig(
@@ -78,6 +89,42 @@ def simulate(
         ),
     )
     runner = ModelFreeRunner()
+    kv_events = None
+    if config.kv_events_config is not None:
+        from kvserve.events.engine_events import make_engine_events  # pyzmq only when asked
+
+        kv_events = make_engine_events(manager, config.kv_events_config)
+    try:
+        return _run(
+            workload,
+            config,
+            manager,
+            scheduler,
+            runner,
+            num_blocks,
+            progress,
+            before_step,
+            kv_events,
+        )
+    finally:
+        if kv_events is not None:
+            time.sleep(config.kv_events_linger)
+            kv_events.close()
+
+
+def _run(
+    workload: Workload,
+    config: SimConfig,
+    manager: KVCacheManager,
+    scheduler: Scheduler,
+    runner: ModelFreeRunner,
+    num_blocks: int,
+    progress: Callable[[int], None] | None,
+    before_step: Callable[[Scheduler, Any], None] | None,
+    kv_events: Any,
+) -> dict:
+    """The simulation loop; each step runs under the events lock (snapshots see whole steps)."""
+    step_lock = kv_events.lock if kv_events is not None else contextlib.nullcontext()
     tracker = ContentTracker(config.block_size)
     arrivals: list[tuple[int, int, SimRequest]] = []
     order = 0
@@ -109,20 +156,28 @@ def simulate(
                 errors.append(str(exc))
                 continue
             source[req.request_id] = sim_req
-        out = scheduler.schedule()
-        if not out.chunks:
-            raise RuntimeError(
-                f"step {step}: nothing could be scheduled "
-                f"({len(scheduler.waiting)} waiting, {len(scheduler.running)} running)"
-            )
-        for req in out.preempted:
-            tracker.released(req)
-        for chunk in out.chunks:
-            if chunk.request.request_id not in admitted:
-                admitted.add(chunk.request.request_id)
-                tracker.admitted(chunk.request)
-        sampled = runner.execute(out)
-        finished = scheduler.update(out, sampled)
+        if not scheduler.has_unfinished_requests():
+            step += 1  # every arrival of this step was rejected
+            continue
+        if before_step is not None:
+            before_step(scheduler, kv_events)
+        with step_lock:
+            out = scheduler.schedule()
+            if not out.chunks:
+                raise RuntimeError(
+                    f"step {step}: nothing could be scheduled "
+                    f"({len(scheduler.waiting)} waiting, {len(scheduler.running)} running)"
+                )
+            for req in out.preempted:
+                tracker.released(req)
+            for chunk in out.chunks:
+                if chunk.request.request_id not in admitted:
+                    admitted.add(chunk.request.request_id)
+                    tracker.admitted(chunk.request)
+            sampled = runner.execute(out)
+            finished = scheduler.update(out, sampled)
+            if kv_events is not None:
+                kv_events.end_step()
         tracker.after_step(out)
         if config.check:
             held = scheduler.running

@@ -154,3 +154,100 @@ def test_console_script_help_explains_options():
     ).stdout
     for option in ("--workload", "--trace", "--num-blocks", "--check", "--json", "--hash"):
         assert option in out
+
+
+# -- hybrid groups: one full-attention group plus sliding windows ---------------------
+
+
+@pytest.mark.parametrize("workload", sorted(SMALL))
+def test_gemma3_like_small_workloads_with_checks(tmp_path, workload):
+    args = ["--workload", workload, "--block-size", "8", "--check", *SMALL[workload]]
+    r = simulate(tmp_path, "--model-spec", "gemma3-like", *args)
+    assert r["groups"] == ["full", "sliding:1024", "sliding:1024"]
+    assert r["duplicate_blocks_peak"] == 0 and r["preemptions"] == 0
+    assert r["prefill_tokens_computed"] == r["ideal_prefill_tokens"]
+    assert r["prefix_hit_tokens"] + r["prefill_tokens_computed"] == r["prompt_tokens"]
+    full = simulate(tmp_path, *args)  # the same hits as full attention alone
+    assert (r["prefix_hit_tokens"], r["generated_tokens"]) == (
+        full["prefix_hit_tokens"],
+        full["generated_tokens"],
+    )
+
+
+def test_gemma3_like_prompts_longer_than_the_window(tmp_path):
+    """1300-token identical prompts: window blocks are released, hits still ideal."""
+    args = ["--workload", "identical-burst", "--num-requests", "4", "--prompt-len", "1300"]
+    r = simulate(tmp_path, "--model-spec", "gemma3-like", "--output-len", "8", "--check", *args)
+    assert r["duplicate_blocks_peak"] == 0 and r["preemptions"] == 0
+    assert r["prefill_tokens_computed"] == r["ideal_prefill_tokens"] == 1300 + 3 * 4
+    assert r["generated_tokens"] == 4 * 8
+
+
+# Pools that force preemptions with a 32-token window (block 8) yet fit every request.
+TIGHT_HYBRID = {"shared-prefix": 40, "multi-turn": 32, "random": 40}
+
+
+@pytest.mark.parametrize("workload", sorted(TIGHT_HYBRID))
+def test_sliding_window_tight_pool_preempts_and_still_finishes(tmp_path, workload):
+    args = ["--workload", workload, "--block-size", "8", "--groups", "full,sliding:32"]
+    base = simulate(tmp_path, *args, "--check", *SMALL[workload])
+    assert base["groups"] == ["full", "sliding:32"] and base["preemptions"] == 0
+    assert base["prefill_tokens_computed"] == base["ideal_prefill_tokens"]
+    assert base["duplicate_blocks_peak"] == 0
+    tight = simulate(
+        tmp_path, *args, "--num-blocks", str(TIGHT_HYBRID[workload]),
+        "--max-num-batched-tokens", "64", "--check", *SMALL[workload],
+    )  # fmt: skip
+    assert tight["preemptions"] > 0
+    assert tight["requests"] == base["requests"] and tight["rejected"] == 0
+    # Generated tokens are a function of each sequence: equal counts (and, for
+    # multi-turn, equal follow-up prompts, which contain the answers) mean equal tokens.
+    assert tight["generated_tokens"] == base["generated_tokens"]
+    assert tight["prompt_tokens"] == base["prompt_tokens"]
+    assert tight["duplicate_blocks_peak"] == 0
+    assert tight["peak_blocks_used"] <= TIGHT_HYBRID[workload] - 1
+
+
+@pytest.mark.parametrize(
+    "groups", ["full,window:3", "full,sliding:x", "full:3", "full,sliding:", "sliding:-4"]
+)
+def test_malformed_groups_are_clear_errors(tmp_path, capsys, groups):
+    bad = groups.split(",")[-1]
+    argv = ["simulate", "--no-progress", "--workload", "random", "--num-requests", "2"]
+    assert main([*argv, "--groups", groups]) == 2
+    err = capsys.readouterr().err
+    assert f"'{bad}'" in err and "sliding:<window" in err
+
+
+@pytest.mark.parametrize("groups", ["sliding:32,full", "full,full", "full,sliding:8,full"])
+def test_any_group_order_shares_like_full_attention(tmp_path, groups):
+    r = simulate(
+        tmp_path, "--workload", "identical-burst", "--groups", groups, "--check",
+        *SMALL["identical-burst"],
+    )  # fmt: skip
+    assert r["prefill_tokens_computed"] == r["ideal_prefill_tokens"]
+    assert r["prefix_hit_tokens"] > 0 and r["duplicate_blocks_peak"] == 0
+
+
+def test_all_arrivals_rejected_is_reported_not_a_crash(tmp_path):
+    r = simulate(
+        tmp_path, "--workload", "identical-burst", "--num-blocks", "6", "--prompt-len", "200",
+    )  # fmt: skip
+    assert r["requests"] == 8 and r["rejected"] == 8
+    assert r["generated_tokens"] == 0 and "KV blocks" in r["errors"][0]
+
+
+def test_window_requests_are_admitted_by_what_a_window_holds(tmp_path):
+    # 1300 tokens need 82 blocks per full-attention group; a 64-token window holds
+    # only its window plus a chunk, so 2 groups fit in far fewer than 164 blocks.
+    args = ["--workload", "identical-burst", "--num-requests", "1", "--prompt-len", "1300"]
+    common = ["--max-num-batched-tokens", "256", "--block-size", "16"]
+    r = simulate(tmp_path, *args, *common, "--groups", "full,sliding:64", "--num-blocks", "110")
+    assert r["rejected"] == 0 and r["generated_tokens"] == 16
+    r = simulate(tmp_path, *args, *common, "--groups", "full,full", "--num-blocks", "110")
+    assert r["rejected"] == 1
+
+
+def test_empty_groups_is_a_clear_error(capsys):
+    assert main(["simulate", "--no-progress", "--groups", ","]) == 2
+    assert "names no group" in capsys.readouterr().err

@@ -1,0 +1,194 @@
+"""`ZmqEventPublisher`: vLLM's wire protocol, but `publish` never blocks the engine.
+
+PUB socket: three frames `[topic, seq (u64 big-endian), payload]`. ROUTER
+replay socket; a request is one frame after the envelope:
+
+- 8 bytes: a start seq. Reply: every buffered batch from it as `[seq, payload]`,
+  then `[seq -1, b""]` (vLLM's protocol).
+- `b"kv-snapshot"`: resync. Reply `[b"kv-snapshot", seq, payload]` (a batch of
+  everything cached, valid after batch `seq`; seq -1: before the first), then
+  seq -1.
+- `b"kv-metadata"`: reply `[b"kv-metadata", json]`, then seq -1.
+- `b"kv-last-seq"`: reply `[b"kv-last-seq", seq]` (the last seq assigned, sent
+  or dropped), then seq -1: a subscriber whose newest batches were dropped
+  learns it has to resync.
+
+The engine thread only assigns the sequence number and puts the batch in a
+bounded queue; a background thread encodes and sends. A full queue drops the
+batch and counts it: the gap in sequence numbers tells subscribers, who
+replay or resync.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+from kvserve.events.config import KVEventsConfig, offset_endpoint_port
+from kvserve.kvcache.events import KVEvent, KVEventBatch, encode_batch
+
+logger = logging.getLogger(__name__)
+
+END_SEQ = (-1).to_bytes(8, "big", signed=True)
+SNAPSHOT_REQUEST = b"kv-snapshot"
+METADATA_REQUEST = b"kv-metadata"
+LAST_SEQ_REQUEST = b"kv-last-seq"
+
+SnapshotFn = Callable[[], tuple[int, list[KVEvent]]]
+"""Returns (seq the snapshot is valid after, its events); called on the sender thread."""
+
+
+def should_bind(endpoint: str) -> bool:
+    """vLLM's rule: a wildcard (or a local transport) binds; anything else connects."""
+    return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
+
+
+class ZmqEventPublisher:
+    """PUB + ROUTER publisher with a bounded queue and a bounded replay buffer."""
+
+    POLL_SECONDS = 0.005
+
+    def __init__(
+        self,
+        config: KVEventsConfig,
+        snapshot_fn: SnapshotFn | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> None:
+        self.config = config
+        self.data_parallel_rank = config.data_parallel_rank
+        self.endpoint = offset_endpoint_port(config.endpoint, self.data_parallel_rank)
+        self.replay_endpoint = offset_endpoint_port(config.replay_endpoint, self.data_parallel_rank)
+        self._snapshot_fn = snapshot_fn
+        self._metadata = json.dumps(metadata or {}).encode()
+        self._topic = config.topic.encode()
+        self._queue: queue.Queue[tuple[int, KVEventBatch]] = queue.Queue(config.max_queue_size)
+        self._buffer: deque[tuple[int, bytes]] = deque(maxlen=config.buffer_steps)
+        self._next_seq = 0
+        self.dropped = 0
+        """Batches dropped because the queue was full (their seqs are gaps)."""
+        self.sent = 0
+        ctx = zmq.Context.instance()
+        self._pub = ctx.socket(zmq.PUB)
+        self._pub.setsockopt(zmq.LINGER, 0)
+        self._pub.set_hwm(config.hwm)
+        self._replay: zmq.Socket | None = None
+        try:
+            if should_bind(self.endpoint):  # type: ignore[arg-type]
+                self._pub.bind(self.endpoint)  # type: ignore[arg-type]
+            else:
+                self._pub.connect(self.endpoint)  # type: ignore[arg-type]
+            if self.replay_endpoint:
+                self._replay = ctx.socket(zmq.ROUTER)
+                self._replay.setsockopt(zmq.LINGER, 0)
+                self._replay.setsockopt(zmq.SNDHWM, 0)
+                self._replay.bind(self.replay_endpoint)
+        except zmq.ZMQError as exc:
+            self._close_sockets()
+            raise OSError(
+                f"KV events: cannot open {self.endpoint} / {self.replay_endpoint}: {exc}"
+            ) from None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kv-events-publisher", daemon=True)
+        self._thread.start()
+
+    # -- engine thread ----------------------------------------------------------
+
+    @property
+    def last_seq(self) -> int:
+        """Sequence number of the last batch published (or dropped); -1 before any."""
+        return self._next_seq - 1
+
+    def publish(self, events: list[KVEvent] | KVEventBatch) -> int:
+        """Queue one step's events; returns their seq. Never blocks: a full queue drops."""
+        if isinstance(events, KVEventBatch):
+            batch = events
+            if batch.data_parallel_rank is None:
+                batch.data_parallel_rank = self.data_parallel_rank
+        else:
+            batch = KVEventBatch(time.time(), events, self.data_parallel_rank)
+        seq = self._next_seq
+        self._next_seq = seq + 1
+        try:
+            self._queue.put_nowait((seq, batch))
+        except queue.Full:
+            self.dropped += 1
+        return seq
+
+    def close(self, timeout: float = 1.0) -> None:
+        """Send what is queued (up to `timeout`), then close the sockets."""
+        if self._stop.is_set():
+            return
+        deadline = time.monotonic() + timeout
+        while not self._queue.empty() and time.monotonic() < deadline:
+            time.sleep(0.002)
+        self._stop.set()
+        self._thread.join(timeout=timeout)
+        self._close_sockets()
+
+    def _close_sockets(self) -> None:
+        self._pub.close(linger=0)
+        if self._replay is not None:
+            self._replay.close(linger=0)
+
+    # -- sender thread ----------------------------------------------------------
+
+    def _run(self) -> None:
+        get = self._queue.get
+        while not self._stop.is_set():
+            try:
+                seq, batch = get(timeout=self.POLL_SECONDS)
+            except queue.Empty:
+                pass
+            else:
+                try:
+                    self._send(seq, encode_batch(batch))
+                except Exception:  # never let one bad batch stop the stream
+                    logger.exception("KV events: could not send batch %d", seq)
+            replay = self._replay
+            while replay is not None and replay.poll(0):
+                try:
+                    self._serve(replay.recv_multipart())
+                except Exception:
+                    logger.exception("KV events: bad replay request")
+
+    def _send(self, seq: int, payload: bytes) -> None:
+        self._buffer.append((seq, payload))
+        try:
+            self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload), zmq.NOBLOCK)
+            self.sent += 1
+        except zmq.Again:
+            pass
+
+    def _serve(self, frames: list[bytes]) -> None:
+        # [identity, b"", request] from REQ/DEALER-with-delimiter, or [identity, request].
+        envelope, request = frames[:-1], frames[-1]
+        replay = self._replay
+        assert replay is not None
+
+        def reply(*parts: bytes) -> None:
+            replay.send_multipart([*envelope, *parts], zmq.NOBLOCK)
+
+        if request == SNAPSHOT_REQUEST and self._snapshot_fn is not None:
+            seq, events = self._snapshot_fn()
+            batch = KVEventBatch(time.time(), events, self.data_parallel_rank)
+            reply(SNAPSHOT_REQUEST, seq.to_bytes(8, "big", signed=True), encode_batch(batch))
+        elif request == METADATA_REQUEST:
+            reply(METADATA_REQUEST, self._metadata)
+        elif request == LAST_SEQ_REQUEST:
+            reply(LAST_SEQ_REQUEST, self.last_seq.to_bytes(8, "big", signed=True))
+        elif len(request) == 8:
+            start = int.from_bytes(request, "big")
+            for seq, payload in list(self._buffer):
+                if seq >= start:
+                    reply(seq.to_bytes(8, "big"), payload)
+        else:
+            logger.warning("KV events: unknown replay request %r", request[:32])
+        reply(END_SEQ, b"")

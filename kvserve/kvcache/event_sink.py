@@ -1,0 +1,118 @@
+"""Where the pool and the groups record events while a step runs.
+
+The pool holds `events: KVEventSink | None`; with None (events disabled) the
+hot path pays one attribute test and allocates nothing. Registration calls
+`stored` once per newly cached hash block; consecutive blocks of one request
+and group registered in one run coalesce into one `BlockStored`, with
+`parent_block_hash` and `token_ids` lined up with `block_hashes`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from kvserve.kvcache.events import (
+    MEDIUM_GPU,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEvent,
+    wire_hash,
+)
+
+if TYPE_CHECKING:
+    from kvserve.kvcache.block import KVBlock
+    from kvserve.kvcache.manager import KVCacheManager
+    from kvserve.kvcache.sequence import CacheSequence
+
+
+def block_extra_keys(seq: CacheSequence, i: int) -> tuple[Any, ...] | None:
+    """The extra keys hashed into block `i`: the LoRA name, and the cache salt (block 0)."""
+    keys = []
+    if seq.lora_name is not None:
+        keys.append(seq.lora_name)
+    if i == 0 and seq.cache_salt is not None:
+        keys.append(seq.cache_salt)
+    return tuple(keys) if keys else None
+
+
+@dataclass(slots=True)
+class KVEventSink:
+    """Collects one step's events; `take()` hands them over and starts afresh."""
+
+    hash_block_size: int
+    int_block_hashes: bool = True
+    medium: str = MEDIUM_GPU
+    group_kinds: list[tuple[str, int | None]] = field(default_factory=list)
+    """Per group: (kv_cache_spec_kind, sliding window or None)."""
+    events: list[KVEvent] = field(default_factory=list)
+    _run: BlockStored | None = None
+    _run_seq: CacheSequence | None = None
+    _run_group: int = -1
+    _run_next: int = -1
+
+    def attach(self, manager: KVCacheManager) -> None:
+        """Start recording `manager`'s events (its pool's sink becomes this one)."""
+        if manager.block_size != self.hash_block_size:
+            raise ValueError("the sink's hash block size differs from the manager's")
+        self.group_kinds = [(g.kind, getattr(g, "window", None)) for g in manager.groups]
+        manager.pool.events = self
+
+    def stored(self, group_id: int, seq: CacheSequence, i: int, token_ids: list[int]) -> None:
+        """Hash block `i` of `seq` was just registered in group `group_id`."""
+        h = wire_hash(seq.block_hashes[i], self.int_block_hashes)
+        run = self._run
+        if (
+            run is not None
+            and self._run_seq is seq
+            and self._run_group == group_id
+            and self._run_next == i
+            and self.events
+            and self.events[-1] is run
+        ):
+            run.block_hashes.append(h)
+            run.token_ids.extend(token_ids)
+            if run.extra_keys is not None:
+                run.extra_keys.append(block_extra_keys(seq, i))
+            self._run_next = i + 1
+            return
+        parent = wire_hash(seq.block_hashes[i - 1], self.int_block_hashes) if i else None
+        kind, window = self.group_kinds[group_id]
+        run = BlockStored(
+            block_hashes=[h],
+            parent_block_hash=parent,
+            token_ids=list(token_ids),
+            block_size=self.hash_block_size,
+            lora_id=None,
+            medium=self.medium,
+            lora_name=seq.lora_name,
+            extra_keys=None
+            if seq.lora_name is None and seq.cache_salt is None
+            else [block_extra_keys(seq, i)],
+            group_idx=group_id,
+            kv_cache_spec_kind=kind,
+            kv_cache_spec_sliding_window=window,
+        )
+        self.events.append(run)
+        self._run, self._run_seq, self._run_group, self._run_next = run, seq, group_id, i + 1
+
+    def removed(self, block: KVBlock) -> None:
+        """A cached block is about to lose its index entry (evicted)."""
+        self.events.append(
+            BlockRemoved(
+                block_hashes=[wire_hash(block.block_hash, self.int_block_hashes)],  # type: ignore[arg-type]
+                medium=self.medium,
+                group_idx=block.group,
+            )
+        )
+
+    def cleared(self) -> None:
+        self.events.append(AllBlocksCleared())
+
+    def take(self) -> list[KVEvent]:
+        """This step's events, in order; the sink is empty afterwards."""
+        events = self.events
+        self.events = []
+        self._run = self._run_seq = None
+        return events
