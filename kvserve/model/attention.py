@@ -6,6 +6,11 @@ lists (block 0 is the null block and is never written). A step first writes
 the new K/V of *every* token of the batch, and only then lets any sequence
 read: two requests in one step may share a block that one of them fills in
 that very step (DESIGN invariant 8).
+
+Reads gather the context through flat slot indices built once per step and
+shared by all layers. A fresh prefill attends to its own new k/v directly;
+decodes whose block tables begin with the same blocks (a shared prompt
+prefix) read that prefix once for the whole group, not once per sequence.
 """
 
 from __future__ import annotations
@@ -18,17 +23,46 @@ import torch.nn.functional as F
 
 @dataclass(slots=True)
 class SeqSpan:
-    """One sequence of the batch, for the attention read."""
+    """One multi-token sequence of the batch (a prefill chunk), for the attention read."""
 
     query_start: int
     """Index of its first token in the flattened batch."""
     query_len: int
     context_len: int
     """Keys it attends to: positions [0, context_len)."""
-    block_table: torch.Tensor
-    """Physical block ids covering the context (long, on the cache's device)."""
-    mask: torch.Tensor | None
-    """[query_len, context_len] bool, True = may attend; None when no mask is needed."""
+    slots: torch.Tensor | None
+    """[context_len] flat cache slots of the context (long); None when the context is
+    exactly this step's new tokens, all written (a fresh prefill): they are read from
+    the batch's k/v directly, which hold the same values."""
+    mask: torch.Tensor
+    """[query_len, context_len] bool, True = may attend."""
+
+
+@dataclass(slots=True)
+class DecodeGroup:
+    """Single-token sequences attended in one padded call.
+
+    Either sequences of similar context length, or sequences whose block tables
+    begin with the same blocks (a shared prompt prefix): then that prefix is
+    read once for the whole group instead of once per sequence.
+    """
+
+    index: torch.Tensor
+    """[B] their positions in the flattened batch."""
+    slots: torch.Tensor
+    """[B, S] flat cache slots of each context after the shared prefix, padded with
+    slot 0 (the null block, zeros) up to the group's longest S."""
+    mask: torch.Tensor
+    """[B, 1, 1, S] bool, True for real context, False for padding."""
+    prefix_slots: torch.Tensor | None = None
+    """[P] flat cache slots of the prefix all sequences of the group share (positions
+    [0, P) of each); None when they share none."""
+
+
+DECODE_GROUP = 16
+"""Decodes sorted by context length are attended in groups of this many, each padded
+only to its own longest context (one padded call over a whole batch of mixed lengths
+gathers mostly padding)."""
 
 
 @dataclass(slots=True)
@@ -41,12 +75,9 @@ class AttentionMetadata:
     """Which batch tokens are written; None when all of them are (the common case)."""
     prefills: list[SeqSpan]
     """Sequences with several query tokens, attended one by one."""
-    decode_index: torch.Tensor | None
-    """Batch positions of the single-token sequences, attended in one padded call."""
-    decode_block_tables: torch.Tensor | None
-    """[num_decodes, max_blocks] block ids, padded with the null block."""
-    decode_valid: torch.Tensor | None
-    """[num_decodes, max_blocks * block_size] bool, True for real context, False for padding."""
+    decodes: list[DecodeGroup]
+    """The single-token sequences: groups sharing a prompt prefix, the others in groups
+    of similar context length."""
 
     @classmethod
     def build(
@@ -61,12 +92,13 @@ class AttentionMetadata:
         p % block_size; positions below skip_write_until already hold their K/V
         (a fully cached prompt) and are attended to but not written.
         """
-        slots: list[int] = []
+        slot_parts: list[torch.Tensor] = []  # written slots, in batch order
+        index_parts: list[torch.Tensor] = []  # batch positions of the written tokens
+        decode_slots: list[int] = []  # runs of decodes, joined into one tensor
+        decode_rows: list[int] = []
         skipped = False
         prefills: list[SeqSpan] = []
-        decode_at: list[int] = []
-        decode_tables: list[list[int]] = []
-        decode_lens: list[int] = []
+        decodes: list[tuple[int, int, list[int]]] = []
         query_start = 0
         for start, num, table, skip in spans:
             end = start + num
@@ -76,45 +108,121 @@ class AttentionMetadata:
                     f"block table of {len(table)} blocks cannot hold {end} tokens "
                     f"(block size {block_size})"
                 )
-            for p in range(start, end):
-                if p < skip:
-                    slots.append(-1)
-                    skipped = True
-                    continue
-                block = table[p // block_size]
-                if block == 0:
-                    raise ValueError(f"position {p} would be written into the null block 0")
-                slots.append(block * block_size + p % block_size)
+            first = max(start, skip)  # positions [first, end) are written
+            if first < end and 0 in table[first // block_size : needed]:
+                p = next(p for p in range(first, end) if table[p // block_size] == 0)
+                raise ValueError(f"position {p} would be written into the null block 0")
+            skipped |= first > start
             if num == 1:
-                decode_at.append(query_start)
-                decode_tables.append(table[:needed])
-                decode_lens.append(end)
-            else:
-                prefills.append(
-                    SeqSpan(
-                        query_start,
-                        num,
-                        end,
-                        torch.tensor(table[:needed], dtype=torch.long, device=device),
-                        _causal_mask(start, num, device),
+                decodes.append((query_start, end, table[:needed]))
+                if first < end:
+                    decode_slots.append(
+                        table[start // block_size] * block_size + start % block_size
                     )
-                )
+                    decode_rows.append(query_start)
+            else:
+                slots = _slots(table[:needed], end, block_size, device)
+                fresh = start == 0 and skip == 0
+                mask = _causal_mask(start, num, device)
+                prefills.append(SeqSpan(query_start, num, end, None if fresh else slots, mask))
+                if first < end:
+                    _flush(decode_slots, decode_rows, slot_parts, index_parts, device)
+                    slot_parts.append(slots[first:])
+                    index_parts.append(
+                        torch.arange(query_start + first - start, query_start + num, device=device)
+                    )
             query_start += num
-        slot_tensor = torch.tensor(slots, dtype=torch.long, device=device)
-        write_index = None
+        _flush(decode_slots, decode_rows, slot_parts, index_parts, device)
+        empty = torch.empty(0, dtype=torch.long, device=device)
+        slot_tensor = torch.cat(slot_parts) if slot_parts else empty
+        index = None
         if skipped:
-            write_index = torch.nonzero(slot_tensor >= 0).flatten()
-            slot_tensor = slot_tensor[write_index]
-        meta = cls(slot_tensor, write_index, prefills, None, None, None)
-        if decode_at:
-            width = max(len(t) for t in decode_tables)
-            padded = [t + [0] * (width - len(t)) for t in decode_tables]
-            meta.decode_index = torch.tensor(decode_at, dtype=torch.long, device=device)
-            meta.decode_block_tables = torch.tensor(padded, dtype=torch.long, device=device)
-            lens = torch.tensor(decode_lens, dtype=torch.long, device=device)
-            keys = torch.arange(width * block_size, device=device)
-            meta.decode_valid = keys[None, :] < lens[:, None]
-        return meta
+            index = torch.cat(index_parts) if index_parts else empty
+        return cls(slot_tensor, index, prefills, _decode_groups(decodes, block_size, device))
+
+
+def _slots(table: list[int], end: int, block_size: int, device: torch.device) -> torch.Tensor:
+    """Flat cache slots of positions [0, end) through a block table."""
+    blocks = torch.tensor(table, dtype=torch.long, device=device)
+    pos = torch.arange(end, device=device)
+    return blocks[pos // block_size] * block_size + pos % block_size
+
+
+def _flush(
+    slots: list[int],
+    rows: list[int],
+    slot_parts: list[torch.Tensor],
+    index_parts: list[torch.Tensor],
+    device: torch.device,
+) -> None:
+    """Move a run of decode writes (python ints) into the tensor parts, keeping batch order."""
+    if slots:
+        slot_parts.append(torch.tensor(slots, dtype=torch.long, device=device))
+        index_parts.append(torch.tensor(rows, dtype=torch.long, device=device))
+        slots.clear()
+        rows.clear()
+
+
+SHARED_PREFIX_MIN_BLOCKS = 4
+"""Decodes whose tables share at least this many leading blocks read them once, together."""
+
+
+def _decode_groups(
+    decodes: list[tuple[int, int, list[int]]], block_size: int, device: torch.device
+) -> list[DecodeGroup]:
+    """(batch position, context length, block table) per decode -> padded groups."""
+    by_first: dict[int, list[tuple[int, int, list[int]]]] = {}
+    for d in decodes:
+        by_first.setdefault(d[2][0], []).append(d)
+    groups = []
+    rest = []
+    for part in by_first.values():
+        shared = _common_blocks([t for _, _, t in part]) if len(part) > 1 else 0
+        prefix = min(shared * block_size, min(n for _, n, _ in part))
+        if shared < SHARED_PREFIX_MIN_BLOCKS or prefix < block_size:
+            rest.extend(part)
+            continue
+        groups.append(_decode_group(part, prefix, block_size, device))
+    rest.sort(key=lambda d: d[1])
+    for i in range(0, len(rest), DECODE_GROUP):
+        groups.append(_decode_group(rest[i : i + DECODE_GROUP], 0, block_size, device))
+    return groups
+
+
+def _common_blocks(tables: list[list[int]]) -> int:
+    """How many leading block ids all tables have in common."""
+    first = tables[0]
+    n = min(len(t) for t in tables)
+    for t in tables[1:]:
+        i = 0
+        while i < n and t[i] == first[i]:
+            i += 1
+        n = i
+    return n
+
+
+def _decode_group(
+    part: list[tuple[int, int, list[int]]], prefix: int, block_size: int, device: torch.device
+) -> DecodeGroup:
+    """One group; positions below `prefix` are read through the shared prefix slots."""
+    width = max(len(t) for _, _, t in part)
+    tables = torch.tensor(
+        [t + [0] * (width - len(t)) for _, _, t in part], dtype=torch.long, device=device
+    )
+    lens = torch.tensor([n for _, n, _ in part], dtype=torch.long, device=device)
+    pos = torch.arange(prefix, max(int(lens.max()), prefix + 1), device=device)
+    valid = pos[None, :] < lens[:, None]
+    slots = tables[:, pos // block_size] * block_size + pos % block_size
+    prefix_slots = None
+    if prefix:
+        head = torch.arange(prefix, device=device)
+        prefix_slots = tables[0, head // block_size] * block_size + head % block_size
+    return DecodeGroup(
+        torch.tensor([q for q, _, _ in part], dtype=torch.long, device=device),
+        slots.masked_fill_(~valid, 0),
+        valid[:, None, None, :],
+        prefix_slots,
+    )
 
 
 def _causal_mask(start: int, num: int, device: torch.device) -> torch.Tensor:
@@ -155,58 +263,74 @@ def paged_attention(
     Writes all of k/v first, then reads; returns [T, heads * head_dim].
     """
     write_kv(k, v, k_cache, v_cache, meta)
-    num_heads = q.shape[1]
-    groups = num_heads // k_cache.shape[2]
+    k_flat = k_cache.flatten(0, 1)
+    v_flat = v_cache.flatten(0, 1)
     out = torch.empty_like(q)
     for span in meta.prefills:
-        keys = _gather(k_cache, span.block_table, span.context_len)
-        values = _gather(v_cache, span.block_table, span.context_len)
-        query = q[span.query_start : span.query_start + span.query_len].transpose(0, 1)
+        rows = slice(span.query_start, span.query_start + span.query_len)
+        if span.slots is None:
+            keys, values = k[rows], v[rows]
+        else:
+            keys, values = k_flat[span.slots], v_flat[span.slots]
+        # 4-D with enable_gqa: the kv heads are not copied per query head, and torch's
+        # CPU flash kernel takes this path (twice as fast as 3-D with repeated heads).
         attn = F.scaled_dot_product_attention(
-            query,
-            _expand_heads(keys.transpose(0, 1), groups, dim=0),
-            _expand_heads(values.transpose(0, 1), groups, dim=0),
+            q[rows].transpose(0, 1)[None],
+            keys.transpose(0, 1)[None],
+            values.transpose(0, 1)[None],
             attn_mask=span.mask,
             scale=scale,
+            enable_gqa=True,
         )
-        out[span.query_start : span.query_start + span.query_len] = attn.transpose(0, 1)
-    if meta.decode_index is not None:
-        out[meta.decode_index] = _decode_attention(q, k_cache, v_cache, meta, groups, scale)
+        out[rows] = attn[0].transpose(0, 1)
+    for group in meta.decodes:
+        out[group.index] = _decode_attention(q[group.index], k_cache, v_cache, group, scale)
     return out.flatten(1)
 
 
 def _decode_attention(
-    q: torch.Tensor,
+    query: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    meta: AttentionMetadata,
-    groups: int,
+    group: DecodeGroup,
     scale: float,
 ) -> torch.Tensor:
-    """All single-token queries at once, over block tables padded with the null block."""
-    tables = meta.decode_block_tables
-    valid = meta.decode_valid
-    padding = ~valid[:, :, None, None]
-    query = q[meta.decode_index][:, :, None, :]  # [B, heads, 1, head_dim]
-    # The tail of a last block may be uninitialised memory (even NaN): zero it,
-    # because a masked score still multiplies its value (0 * NaN = NaN).
-    keys = k_cache[tables].flatten(1, 2).masked_fill_(padding, 0).transpose(1, 2)
-    values = v_cache[tables].flatten(1, 2).masked_fill_(padding, 0).transpose(1, 2)
-    attn = F.scaled_dot_product_attention(
-        query,  # keys, values: [B, kv_heads, S, head_dim] before the GQA expansion
-        _expand_heads(keys, groups, dim=1),
-        _expand_heads(values, groups, dim=1),
-        attn_mask=valid[:, None, None, :],
-        scale=scale,
-    )
-    return attn[:, :, 0, :]
+    """Single-token queries [B, heads, head_dim] over their padded contexts.
 
-
-def _gather(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
-    """[length, kv_heads, head_dim]: one sequence's context, read through its block table."""
-    return cache[block_table].flatten(0, 1)[:length]
-
-
-def _expand_heads(x: torch.Tensor, groups: int, dim: int) -> torch.Tensor:
-    """Grouped-query attention: query head h reads kv head h // groups."""
-    return x if groups == 1 else x.repeat_interleave(groups, dim=dim)
+    Padding reads slot 0 of the null block, which holds zeros: never the
+    uninitialised tail of a last block (a masked score still multiplies its
+    value, and 0 * NaN = NaN). Grouped-query attention folds the query heads of
+    one kv head into the query length: [B, kv_heads, groups, head_dim], so the
+    kv heads are never repeated.
+    """
+    batch, num_heads, dim = query.shape
+    kv_heads = k_cache.shape[2]
+    k_flat = k_cache.flatten(0, 1)
+    v_flat = v_cache.flatten(0, 1)
+    query = query.view(batch, kv_heads, num_heads // kv_heads, dim)
+    keys = k_flat[group.slots].transpose(1, 2)  # [B, kv_heads, S, dim]
+    values = v_flat[group.slots].transpose(1, 2)
+    if group.prefix_slots is None:
+        attn = F.scaled_dot_product_attention(
+            query, keys, values, attn_mask=group.mask, scale=scale
+        )
+        return attn.reshape(batch, num_heads, dim)
+    # Shared prefix: its keys and values are gathered once, and every query of the
+    # group ([kv_heads, B * groups] rows) meets them in one matrix product; the
+    # softmax runs over the prefix and each sequence's own tail together.
+    prefix_keys = k_flat[group.prefix_slots].transpose(0, 1)  # [kv_heads, P, dim]
+    prefix_values = v_flat[group.prefix_slots].transpose(0, 1)
+    rows = query.transpose(0, 1).reshape(kv_heads, -1, dim)  # [kv_heads, B * groups, dim]
+    prefix_scores = torch.matmul(rows, prefix_keys.transpose(1, 2)).mul_(scale)
+    prefix_len = prefix_scores.shape[-1]
+    own_scores = torch.matmul(query, keys.transpose(2, 3)).mul_(scale)
+    own_scores.masked_fill_(~group.mask, float("-inf"))
+    scores = torch.cat(
+        (prefix_scores.view(kv_heads, batch, -1, prefix_len).transpose(0, 1), own_scores),
+        dim=-1,
+    ).softmax(dim=-1)
+    prefix_probs = scores[..., :prefix_len].transpose(0, 1).reshape(kv_heads, -1, prefix_len)
+    out = torch.matmul(prefix_probs, prefix_values)  # [kv_heads, B * groups, dim]
+    out = out.view(kv_heads, batch, -1, dim).transpose(0, 1)
+    out = out + torch.matmul(scores[..., prefix_len:], values)
+    return out.reshape(batch, num_heads, dim)
