@@ -68,12 +68,45 @@ ARCHS = {
     ),
 }
 
+# Built on demand (not in ARCHS, which every oracle test runs): Gemma 3 text with
+# 5 sliding-window layers and 1 global one. A window of 7 tokens over blocks of 4
+# really releases blocks; the scale, rope bases and both soft-caps differ from
+# their defaults so that each must be read from the config. Tied embeddings.
+HYBRID_ARCHS = {
+    "gemma3": (
+        transformers.Gemma3TextConfig,
+        transformers.Gemma3ForCausalLM,
+        dict(
+            num_hidden_layers=6,
+            head_dim=16,
+            layer_types=["sliding_attention"] * 5 + ["full_attention"],
+            sliding_window=7,
+            query_pre_attn_scalar=24,
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0},
+                "full_attention": {"rope_type": "default", "rope_theta": 50_000.0},
+            },
+            final_logit_softcapping=10.0,
+            attn_logit_softcapping=20.0,
+            attn_implementation="eager",  # the plain reference path
+            initializer_range=0.02,  # with random norm weights (below): lively greedy output
+        ),
+        {},
+    ),
+}
+
 
 def build_checkpoint(arch: str, path: os.PathLike) -> transformers.PreTrainedModel:
-    config_cls, model_cls, extra, save_kwargs = ARCHS[arch]
+    config_cls, model_cls, extra, save_kwargs = {**ARCHS, **HYBRID_ARCHS}[arch]
     torch.manual_seed(0)
     config = config_cls(**{**COMMON, **extra})
     model = model_cls(config).eval()
+    if arch in HYBRID_ARCHS:
+        # Gemma norms start at zero (scale 1 + w): random ones test the (1 + w) scaling.
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if "norm" in name:
+                    param.normal_(0.0, 0.5)
     model.save_pretrained(path, **save_kwargs)
     return model
 
@@ -110,6 +143,12 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Checkpoin
         path = root / arch
         result[arch] = Checkpoint(arch, str(path), build_checkpoint(arch, path))
     return result
+
+
+@pytest.fixture(scope="session")
+def gemma3_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Checkpoint:
+    path = tmp_path_factory.mktemp("checkpoints") / "gemma3"
+    return Checkpoint("gemma3", str(path), build_checkpoint("gemma3", path))
 
 
 @pytest.fixture(params=sorted(ARCHS))

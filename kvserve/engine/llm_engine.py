@@ -96,6 +96,7 @@ class LLMEngine:
                 enable_prefix_caching=enable_prefix_caching,
                 hash_fn=hash_fn,
                 hash_seed=hash_seed,
+                specs=self.runner.kv_cache_specs,
             )
         )
         self.scheduler = Scheduler(
@@ -275,7 +276,7 @@ class LLMEngine:
                     request_id=req.request_id,
                     token_ids=req.token_ids[chunk.start : chunk.start + chunk.num_tokens],
                     start_pos=chunk.start,
-                    block_table=[b.block_id for b in req.kv_blocks[0]],
+                    block_tables=[[b.block_id for b in t] for t in req.kv_blocks],
                     skip_write_until=req.skip_write_tokens,
                     sample=chunk.samples,
                     params=req.params,

@@ -8,9 +8,12 @@ read: two requests in one step may share a block that one of them fills in
 that very step (DESIGN invariant 8).
 
 Reads gather the context through flat slot indices built once per step and
-shared by all layers. A fresh prefill attends to its own new k/v directly;
-decodes whose block tables begin with the same blocks (a shared prompt
-prefix) read that prefix once for the whole group, not once per sequence.
+shared by the layers of one KV cache group (one metadata per group). A
+sliding-window group's metadata reads only each query's window (keys
+p-W+1..p): the table entries before it may be the null block. A fresh
+prefill attends to its own new k/v directly; decodes whose block tables
+begin with the same blocks (a shared prompt prefix) read that prefix once
+for the whole group, not once per sequence.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ class SeqSpan:
     """Index of its first token in the flattened batch."""
     query_len: int
     context_len: int
-    """Keys it attends to: positions [0, context_len)."""
+    """Keys it reads: positions [end - context_len, end) (all of [0, end) unless windowed)."""
     slots: torch.Tensor | None
     """[context_len] flat cache slots of the context (long); None when the context is
     exactly this step's new tokens, all written (a fresh prefill): they are read from
@@ -78,6 +81,8 @@ class AttentionMetadata:
     decodes: list[DecodeGroup]
     """The single-token sequences: groups sharing a prompt prefix, the others in groups
     of similar context length."""
+    window: int | None = None
+    """Sliding window of the group's layers (None: full attention)."""
 
     @classmethod
     def build(
@@ -85,12 +90,14 @@ class AttentionMetadata:
         spans: list[tuple[int, int, list[int], int]],
         block_size: int,
         device: torch.device,
+        window: int | None = None,
     ) -> AttentionMetadata:
         """From (start_pos, num_tokens, block_table, skip_write_until) per sequence.
 
         A position p lives in slot block_table[p // block_size] * block_size +
         p % block_size; positions below skip_write_until already hold their K/V
-        (a fully cached prompt) and are attended to but not written.
+        (a fully cached prompt) and are attended to but not written. With a
+        `window`, a query at position p reads only keys p-W+1..p.
         """
         slot_parts: list[torch.Tensor] = []  # written slots, in batch order
         index_parts: list[torch.Tensor] = []  # batch positions of the written tokens
@@ -123,8 +130,10 @@ class AttentionMetadata:
             else:
                 slots = _slots(table[:needed], end, block_size, device)
                 fresh = start == 0 and skip == 0
-                mask = _causal_mask(start, num, device)
-                prefills.append(SeqSpan(query_start, num, end, None if fresh else slots, mask))
+                mask = _causal_mask(start, num, device, window)
+                lo = 0 if fresh or window is None else max(0, start - window + 1)
+                read = None if fresh else slots[lo:]
+                prefills.append(SeqSpan(query_start, num, end - lo, read, mask[:, lo:]))
                 if first < end:
                     _flush(decode_slots, decode_rows, slot_parts, index_parts, device)
                     slot_parts.append(slots[first:])
@@ -138,7 +147,8 @@ class AttentionMetadata:
         index = None
         if skipped:
             index = torch.cat(index_parts) if index_parts else empty
-        return cls(slot_tensor, index, prefills, _decode_groups(decodes, block_size, device))
+        groups = _decode_groups(decodes, block_size, device, window)
+        return cls(slot_tensor, index, prefills, groups, window)
 
 
 def _slots(table: list[int], end: int, block_size: int, device: torch.device) -> torch.Tensor:
@@ -168,9 +178,19 @@ SHARED_PREFIX_MIN_BLOCKS = 4
 
 
 def _decode_groups(
-    decodes: list[tuple[int, int, list[int]]], block_size: int, device: torch.device
+    decodes: list[tuple[int, int, list[int]]],
+    block_size: int,
+    device: torch.device,
+    window: int | None = None,
 ) -> list[DecodeGroup]:
     """(batch position, context length, block table) per decode -> padded groups."""
+    if window is not None:
+        # No shared prefix: the head of a windowed table is the null block.
+        ordered = sorted(decodes, key=lambda d: d[1])
+        return [
+            _window_decode_group(ordered[i : i + DECODE_GROUP], window, block_size, device)
+            for i in range(0, len(ordered), DECODE_GROUP)
+        ]
     by_first: dict[int, list[tuple[int, int, list[int]]]] = {}
     for d in decodes:
         by_first.setdefault(d[2][0], []).append(d)
@@ -225,11 +245,37 @@ def _decode_group(
     )
 
 
-def _causal_mask(start: int, num: int, device: torch.device) -> torch.Tensor:
-    """Query i (at position start + i) sees keys 0 .. start + i."""
+def _window_decode_group(
+    part: list[tuple[int, int, list[int]]], window: int, block_size: int, device: torch.device
+) -> DecodeGroup:
+    """Each decode at position n - 1 reads only keys n - W .. n - 1 (padding: null slot 0)."""
+    width = max(len(t) for _, _, t in part)
+    tables = torch.tensor(
+        [t + [0] * (width - len(t)) for _, _, t in part], dtype=torch.long, device=device
+    )
+    lens = torch.tensor([n for _, n, _ in part], dtype=torch.long, device=device)
+    span = min(window, int(lens.max()))
+    pos = lens[:, None] - span + torch.arange(span, device=device)[None, :]
+    valid = pos >= 0
+    pos = pos.clamp_(min=0)
+    slots = tables.gather(1, pos // block_size) * block_size + pos % block_size
+    return DecodeGroup(
+        torch.tensor([q for q, _, _ in part], dtype=torch.long, device=device),
+        slots.masked_fill_(~valid, 0),
+        valid[:, None, None, :],
+    )
+
+
+def _causal_mask(
+    start: int, num: int, device: torch.device, window: int | None = None
+) -> torch.Tensor:
+    """Query i (at position start + i) sees keys 0 .. start + i (the last `window` of them)."""
     keys = torch.arange(start + num, device=device)
     queries = torch.arange(start, start + num, device=device)
-    return keys[None, :] <= queries[:, None]
+    mask = keys[None, :] <= queries[:, None]
+    if window is not None:
+        mask &= keys[None, :] > queries[:, None] - window
+    return mask
 
 
 def write_kv(
@@ -257,10 +303,13 @@ def paged_attention(
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Attention of the batch's queries [T, heads, head_dim] over their paged context.
 
-    Writes all of k/v first, then reads; returns [T, heads * head_dim].
+    Writes all of k/v first, then reads; returns [T, heads * head_dim]. With
+    `softcap` the scores are soft-capped (softcap * tanh(score / softcap))
+    before the mask and the softmax, as Gemma does.
     """
     write_kv(k, v, k_cache, v_cache, meta)
     k_flat = k_cache.flatten(0, 1)
@@ -274,18 +323,45 @@ def paged_attention(
             keys, values = k_flat[span.slots], v_flat[span.slots]
         # 4-D with enable_gqa: the kv heads are not copied per query head, and torch's
         # CPU flash kernel takes this path (twice as fast as 3-D with repeated heads).
-        attn = F.scaled_dot_product_attention(
-            q[rows].transpose(0, 1)[None],
-            keys.transpose(0, 1)[None],
-            values.transpose(0, 1)[None],
-            attn_mask=span.mask,
-            scale=scale,
-            enable_gqa=True,
-        )
+        query = q[rows].transpose(0, 1)[None]
+        keys = keys.transpose(0, 1)[None]
+        values = values.transpose(0, 1)[None]
+        if softcap is None:
+            attn = F.scaled_dot_product_attention(
+                query, keys, values, attn_mask=span.mask, scale=scale, enable_gqa=True
+            )
+        else:
+            groups = query.shape[1] // keys.shape[1]
+            keys = keys.repeat_interleave(groups, dim=1)
+            values = values.repeat_interleave(groups, dim=1)
+            attn = _capped_attention(query, keys, values, span.mask, scale, softcap)
         out[rows] = attn[0].transpose(0, 1)
     for group in meta.decodes:
-        out[group.index] = _decode_attention(q[group.index], k_cache, v_cache, group, scale)
+        out[group.index] = _decode_attention(
+            q[group.index], k_cache, v_cache, group, scale, softcap
+        )
     return out.flatten(1)
+
+
+def _capped(scores: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    if softcap is None:
+        return scores
+    return torch.tanh(scores / softcap) * softcap
+
+
+def _capped_attention(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+    softcap: float,
+) -> torch.Tensor:
+    """softmax(cap(q k^T * scale) masked) v, the softmax in float32 (transformers' eager path)."""
+    scores = _capped(torch.matmul(query, keys.transpose(-1, -2)) * scale, softcap)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    probs = scores.softmax(dim=-1, dtype=torch.float32).to(query.dtype)
+    return torch.matmul(probs, values)
 
 
 def _decode_attention(
@@ -294,6 +370,7 @@ def _decode_attention(
     v_cache: torch.Tensor,
     group: DecodeGroup,
     scale: float,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Single-token queries [B, heads, head_dim] over their padded contexts.
 
@@ -311,9 +388,12 @@ def _decode_attention(
     keys = k_flat[group.slots].transpose(1, 2)  # [B, kv_heads, S, dim]
     values = v_flat[group.slots].transpose(1, 2)
     if group.prefix_slots is None:
-        attn = F.scaled_dot_product_attention(
-            query, keys, values, attn_mask=group.mask, scale=scale
-        )
+        if softcap is None:
+            attn = F.scaled_dot_product_attention(
+                query, keys, values, attn_mask=group.mask, scale=scale
+            )
+        else:
+            attn = _capped_attention(query, keys, values, group.mask, scale, softcap)
         return attn.reshape(batch, num_heads, dim)
     # Shared prefix: its keys and values are gathered once, and every query of the
     # group ([kv_heads, B * groups] rows) meets them in one matrix product; the
@@ -321,9 +401,9 @@ def _decode_attention(
     prefix_keys = k_flat[group.prefix_slots].transpose(0, 1)  # [kv_heads, P, dim]
     prefix_values = v_flat[group.prefix_slots].transpose(0, 1)
     rows = query.transpose(0, 1).reshape(kv_heads, -1, dim)  # [kv_heads, B * groups, dim]
-    prefix_scores = torch.matmul(rows, prefix_keys.transpose(1, 2)).mul_(scale)
+    prefix_scores = _capped(torch.matmul(rows, prefix_keys.transpose(1, 2)).mul_(scale), softcap)
     prefix_len = prefix_scores.shape[-1]
-    own_scores = torch.matmul(query, keys.transpose(2, 3)).mul_(scale)
+    own_scores = _capped(torch.matmul(query, keys.transpose(2, 3)).mul_(scale), softcap)
     own_scores.masked_fill_(~group.mask, float("-inf"))
     scores = torch.cat(
         (prefix_scores.view(kv_heads, batch, -1, prefix_len).transpose(0, 1), own_scores),

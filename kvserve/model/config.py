@@ -17,6 +17,12 @@ from typing import Any
 from kvserve.model.errors import ModelLoadError
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SLIDING_WINDOW_ARCHITECTURES = ("Gemma3ForCausalLM",)
+"""Architectures whose sliding-window layers run in sliding-window KV cache groups."""
+TIED_BY_DEFAULT = ("Gemma3ForCausalLM",)
+"""Architectures whose config class defaults tie_word_embeddings to True."""
+ACTIVATIONS = {"Gemma3ForCausalLM": ("gelu_pytorch_tanh",)}
+"""Per architecture, the MLP activations it runs (default: 'silu' only)."""
 
 
 @dataclass(slots=True)
@@ -52,6 +58,12 @@ class ModelConfig:
     eos_token_ids: set[int] = field(default_factory=set)
     bos_token_id: int | None = None
     checkpoint_dtype: str | None = None
+    hidden_act: str = "silu"
+    layer_windows: list[int | None] = field(default_factory=list)
+    """Per layer: its sliding window in tokens (keys p-W+1..p), None for full attention.
+    Empty means every layer attends to the full context."""
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+    """The whole config.json, for architecture-specific fields."""
 
     @classmethod
     def from_dict(
@@ -68,10 +80,16 @@ class ModelConfig:
                 f"num_attention_heads ({heads}) must be a multiple of "
                 f"num_key_value_heads ({kv_heads})"
             )
-        act = raw.get("hidden_act", "silu")
-        if act != "silu":
-            raise ModelLoadError(f"hidden_act {act!r} is not supported (only 'silu')")
-        _reject_sliding_window(raw)
+        act = raw.get("hidden_activation") or raw.get("hidden_act") or "silu"
+        allowed = ACTIVATIONS.get(arch, ("silu",))
+        if act not in allowed:
+            raise ModelLoadError(f"hidden_act {act!r} is not supported (only {allowed})")
+        num_layers = _required(raw, "num_hidden_layers")
+        if arch in SLIDING_WINDOW_ARCHITECTURES:
+            layer_windows = _layer_windows(raw, num_layers)
+        else:
+            _reject_sliding_window(raw)
+            layer_windows = []
         eos = _token_ids((generation or {}).get("eos_token_id"))
         if not eos:
             eos = _token_ids(raw.get("eos_token_id"))
@@ -80,19 +98,22 @@ class ModelConfig:
             vocab_size=_required(raw, "vocab_size"),
             hidden_size=hidden,
             intermediate_size=_required(raw, "intermediate_size"),
-            num_layers=_required(raw, "num_hidden_layers"),
+            num_layers=num_layers,
             num_heads=heads,
             num_kv_heads=kv_heads,
             head_dim=head_dim,
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
             rope=_rope_config(raw),
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", arch in TIED_BY_DEFAULT)),
             attention_bias=bool(raw.get("attention_bias", False)),
             mlp_bias=bool(raw.get("mlp_bias", False)),
             eos_token_ids=eos,
             bos_token_id=raw.get("bos_token_id"),
             checkpoint_dtype=raw.get("torch_dtype") or raw.get("dtype"),
+            hidden_act=act,
+            layer_windows=layer_windows,
+            raw=raw,
         )
 
 
@@ -159,6 +180,28 @@ def _reject_sliding_window(raw: dict[str, Any]) -> None:
             "sliding-window attention layers are not supported yet "
             f"(layer_types={sorted(set(layer_types)) or 'use_sliding_window'})"
         )
+
+
+def _layer_windows(raw: dict[str, Any], num_layers: int) -> list[int | None]:
+    """Per-layer windows from `layer_types` (or the older `sliding_window_pattern`)."""
+    types = raw.get("layer_types")
+    if not types:
+        pattern = int(raw.get("sliding_window_pattern") or 6)
+        types = [
+            "sliding_attention" if (i + 1) % pattern else "full_attention"
+            for i in range(num_layers)
+        ]
+    if len(types) != num_layers:
+        raise ModelLoadError(f"layer_types has {len(types)} entries for {num_layers} layers")
+    unknown = set(types) - {"sliding_attention", "full_attention"}
+    if unknown:
+        raise ModelLoadError(f"layer types {sorted(unknown)} are not supported")
+    window = raw.get("sliding_window")
+    if "sliding_attention" in types and (not isinstance(window, int) or window < 1):
+        raise ModelLoadError(f"sliding layers need a positive 'sliding_window', got {window!r}")
+    if raw.get("use_bidirectional_attention"):
+        raise ModelLoadError("use_bidirectional_attention is not supported")
+    return [window if t == "sliding_attention" else None for t in types]
 
 
 def _rope_config(raw: dict[str, Any]) -> RopeConfig:

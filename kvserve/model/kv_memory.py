@@ -65,8 +65,10 @@ def allocate_kv_caches(
     block_size: int,
     dtype: torch.dtype,
     device: torch.device,
+    num_tensors: int | None = None,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per layer (K, V), each [num_blocks, block_size, kv_heads, head_dim].
+    """`num_tensors` (default: one per layer) (K, V) pairs, each [num_blocks,
+    block_size, kv_heads, head_dim].
 
     Left uninitialised (zeroing gigabytes up front costs seconds and commits
     all the memory at once); readers only use slots that were written or mask
@@ -74,7 +76,7 @@ def allocate_kv_caches(
     """
     shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
     caches = []
-    for _ in range(config.num_layers):
+    for _ in range(config.num_layers if num_tensors is None else num_tensors):
         k = torch.empty(shape, dtype=dtype, device=device)
         v = torch.empty(shape, dtype=dtype, device=device)
         k[0].zero_()

@@ -1,8 +1,9 @@
 """The model runner: one forward step over a batch of scheduled chunks.
 
 The scheduler hands over, per request, the tokens to compute, where they
-start and the request's block table; the runner turns that into slot
-mappings and attention metadata, runs the model once over the whole
+start and the request's block tables (one per KV cache group); the runner
+turns that into slot mappings and attention metadata (one per group), runs
+the model once over the whole
 flattened batch, and samples the last position of each chunk that asks for
 it. It knows nothing about hashing or eviction (DESIGN: data flows one way).
 """
@@ -18,10 +19,12 @@ from typing import Any
 
 import torch
 
+from kvserve.kvcache.grouping import GroupLayout, group_layers
+from kvserve.kvcache.specs import FullAttentionSpec, KVCacheSpec, SlidingWindowSpec
 from kvserve.model.attention import AttentionMetadata
+from kvserve.model.config import ModelConfig
 from kvserve.model.kv_memory import (
     allocate_kv_caches,
-    bytes_per_block,
     default_kv_cache_memory,
     num_blocks_for,
 )
@@ -44,8 +47,9 @@ class SeqChunk:
     """Tokens to compute this step (at least one)."""
     start_pos: int
     """Tokens of this request already in the KV cache = position of token_ids[0]."""
-    block_table: list[int]
-    """Physical block ids covering positions [0, start_pos + len(token_ids))."""
+    block_tables: list[list[int]]
+    """Per KV cache group: physical block ids covering positions [0, start_pos +
+    len(token_ids)); a sliding-window group may hold the null block 0 before its window."""
     skip_write_until: int = 0
     """Positions below this already hold their K/V in shared blocks: read, never written."""
     sample: bool = True
@@ -73,6 +77,22 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
         return DTYPES[name]
     except KeyError:
         raise ValueError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {name!r}") from None
+
+
+def layer_kv_specs(config: ModelConfig, block_size: int, dtype: torch.dtype) -> list[KVCacheSpec]:
+    """One spec per layer: full attention, or a sliding window where the config has one."""
+    element = torch.empty((), dtype=dtype).element_size()
+    shape = dict(
+        block_size=block_size,
+        num_kv_heads=config.num_kv_heads,
+        head_size=config.head_dim,
+        dtype_bytes=element,
+    )
+    windows = config.layer_windows or [None] * config.num_layers
+    return [
+        FullAttentionSpec(**shape) if w is None else SlidingWindowSpec(sliding_window=w, **shape)
+        for w in windows
+    ]
 
 
 def _env_threads() -> int | None:
@@ -110,7 +130,12 @@ class ModelRunner:
             torch.set_num_threads(num_threads or _env_threads() or os.cpu_count() or 1)
         self.model, self.config = load_model(self.model_dir, self.dtype, self.device)
         self.block_size = block_size
-        self.bytes_per_block = bytes_per_block(self.config, block_size, self.dtype)
+        self.layer_groups: GroupLayout = group_layers(
+            layer_kv_specs(self.config, block_size, self.dtype)
+        )
+        self.kv_cache_specs: list[KVCacheSpec] = self.layer_groups.specs
+        """One spec per KV cache group, in the order of the block tables."""
+        self.bytes_per_block = self.layer_groups.page_bytes
         if num_blocks is None:
             memory = kv_cache_memory
             if memory is None:
@@ -122,16 +147,26 @@ class ModelRunner:
             )
         self.num_blocks = num_blocks
         logger.info(
-            "KV cache: %d blocks of %d tokens (%.1f MiB) on %s, %s",
+            "KV cache: %d blocks of %d tokens (%.1f MiB) on %s, %s, %d group(s)",
             num_blocks,
             block_size,
             num_blocks * self.bytes_per_block / 2**20,
             self.device,
             str(self.dtype).removeprefix("torch."),
+            len(self.kv_cache_specs),
         )
-        self.kv_caches = allocate_kv_caches(
-            self.config, num_blocks, block_size, self.dtype, self.device
+        # Every group's block ids index the same tensors: one (K, V) pair per
+        # position inside a group; layer l uses the pair at its slot.
+        self.kv_tensors = allocate_kv_caches(
+            self.config,
+            num_blocks,
+            block_size,
+            self.dtype,
+            self.device,
+            num_tensors=self.layer_groups.group_size,
         )
+        self.kv_caches = [self.kv_tensors[slot] for slot in self.layer_groups.layer_slot]
+        """Per layer (K, V); layers in the same slot of different groups share tensors."""
         self.eos_token_ids: set[int] = set(self.config.eos_token_ids)
         self.max_model_len: int = self.config.max_position_embeddings
         self.vocab_size: int = self.config.vocab_size
@@ -156,9 +191,21 @@ class ModelRunner:
             num = len(chunk.token_ids)
             input_ids.extend(chunk.token_ids)
             positions.extend(range(chunk.start_pos, chunk.start_pos + num))
-            spans.append((chunk.start_pos, num, chunk.block_table, chunk.skip_write_until))
+            spans.append((chunk.start_pos, num, chunk.skip_write_until))
         device = self.device
-        meta = AttentionMetadata.build(spans, self.block_size, device)
+        group_metas = [
+            AttentionMetadata.build(
+                [
+                    (start, num, chunk.block_tables[g], skip)
+                    for (start, num, skip), chunk in zip(spans, chunks, strict=True)
+                ],
+                self.block_size,
+                device,
+                getattr(spec, "sliding_window", None),
+            )
+            for g, spec in enumerate(self.kv_cache_specs)
+        ]
+        meta = [group_metas[g] for g in self.layer_groups.layer_group]
         rows, params, generators, banned = [], [], [], []
         last = -1
         for chunk in chunks:
@@ -223,12 +270,18 @@ class ModelRunner:
                 f"request {chunk.request_id}: token ids must be in [0, {self.vocab_size})"
             )
         end = chunk.start_pos + len(ids)
-        if len(chunk.block_table) * self.block_size < end:
+        if len(chunk.block_tables) != len(self.kv_cache_specs):
             raise ValueError(
-                f"request {chunk.request_id}: block table of {len(chunk.block_table)} blocks "
-                f"cannot hold {end} tokens (block size {self.block_size})"
+                f"request {chunk.request_id}: {len(chunk.block_tables)} block tables for "
+                f"{len(self.kv_cache_specs)} KV cache groups"
             )
-        if any(b < 0 or b >= self.num_blocks for b in chunk.block_table):
-            raise ValueError(
-                f"request {chunk.request_id}: block ids must be in [0, {self.num_blocks})"
-            )
+        for table in chunk.block_tables:
+            if len(table) * self.block_size < end:
+                raise ValueError(
+                    f"request {chunk.request_id}: block table of {len(table)} blocks "
+                    f"cannot hold {end} tokens (block size {self.block_size})"
+                )
+            if any(b < 0 or b >= self.num_blocks for b in table):
+                raise ValueError(
+                    f"request {chunk.request_id}: block ids must be in [0, {self.num_blocks})"
+                )

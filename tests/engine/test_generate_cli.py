@@ -4,6 +4,7 @@ import ast
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import torch
 import transformers
@@ -66,3 +67,39 @@ def test_cli_help_lists_every_subcommand():
         [sys.executable, "-m", "kvserve.cli", "--help"], capture_output=True, text=True
     ).stdout
     assert "generate" in out and "simulate" in out
+
+
+def test_generate_with_a_gemma3_checkpoint(tmp_path):
+    """`kvserve generate --model DIR` on a Gemma 3 checkpoint (sliding-window groups)."""
+    from kvserve.model.demo import ensure_demo_model
+
+    demo = ensure_demo_model(cache_dir=tmp_path / "demo")
+    torch.manual_seed(0)
+    config = transformers.Gemma3TextConfig(
+        vocab_size=2048,  # the demo tokenizer's
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        layer_types=["sliding_attention"] * 5 + ["full_attention"],
+        sliding_window=7,
+        max_position_embeddings=512,
+        attn_implementation="eager",
+    )
+    model = transformers.Gemma3ForCausalLM(config).eval()
+    path = tmp_path / "gemma3"
+    model.save_pretrained(path)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (path / name).write_bytes((Path(demo) / name).read_bytes())
+    text = "The capital of France is Paris, and the capital of Italy is"
+    proc = run(["--model", str(path), "--prompt", text, "--max-tokens", "6"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+    ids = tokenizer(text, return_tensors="pt").input_ids
+    with torch.no_grad():
+        ref = model.generate(ids, do_sample=False, max_new_tokens=6, pad_token_id=0)
+    expected = tokenizer.decode(ref[0, ids.shape[1] :], skip_special_tokens=True)
+    first = proc.stdout.split("prompt: ")[1].splitlines()[1].strip()
+    assert ast.literal_eval(first.rsplit("  (", 1)[0]) == expected

@@ -59,6 +59,7 @@ class Driver:
             num_blocks=self.runner.num_blocks,
             block_size=self.runner.block_size,
             enable_prefix_caching=self.enable_prefix_caching,
+            specs=self.runner.kv_cache_specs,
         )
         self.manager = KVCacheManager(config)
 
@@ -97,7 +98,7 @@ class Driver:
                 request_id=r.request_id,
                 token_ids=r.seq.token_ids[r.num_computed : r.num_computed + n],
                 start_pos=r.num_computed,
-                block_table=m.block_ids(r.seq)[0],
+                block_tables=m.block_ids(r.seq),
                 skip_write_until=r.seq.skip_write_tokens,
                 sample=r.num_computed + n == len(r.seq.token_ids),
                 params=r.params,

@@ -173,7 +173,7 @@ def test_bfloat16_runs(checkpoints):
     assert runner.kv_caches[0][0].dtype == torch.bfloat16
     from kvserve.model import SeqChunk
 
-    (token,) = runner.execute([SeqChunk("b", [1, 2, 3, 4, 5], 0, [1, 2])])
+    (token,) = runner.execute([SeqChunk("b", [1, 2, 3, 4, 5], 0, [[1, 2]])])
     assert 0 <= token < runner.vocab_size
     with pytest.raises(ValueError, match="dtype"):
         ModelRunner(checkpoints["qwen3"].path, block_size=4, num_blocks=8, dtype="fp8")

@@ -97,5 +97,5 @@ def test_garbage_in_unwritten_cache_slots_is_never_read(checkpoint, runner):
 
 def test_sample_false_returns_none_and_empty_batch(runner):
     assert runner.execute([]) == []
-    chunk = SeqChunk("n", [5, 6, 7], 0, [1], sample=False)
+    chunk = SeqChunk("n", [5, 6, 7], 0, [[1]], sample=False)
     assert runner.execute([chunk]) == [None]

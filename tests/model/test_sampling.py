@@ -161,7 +161,7 @@ def test_min_tokens_holds_back_eos_and_stop_tokens(checkpoints, runners):
     p = prompt(6, salt=27)
     first = ck.reference(p, 1)[0]
     params = SamplingParams(temperature=0, min_tokens=2, max_tokens=4)
-    chunk = lambda **kw: SeqChunk("mt", p, 0, [1, 2], params=params, **kw)  # noqa: E731
+    chunk = lambda **kw: SeqChunk("mt", p, 0, [[1, 2]], params=params, **kw)  # noqa: E731
     saved = runner.eos_token_ids
     try:
         runner.eos_token_ids = {first}

@@ -2,11 +2,13 @@
 
 from kvserve.model.errors import ModelLoadError
 from kvserve.model.models.decoder import DecoderForCausalLM
+from kvserve.model.models.gemma3 import Gemma3ForCausalLM
 from kvserve.model.models.llama import LlamaForCausalLM
 from kvserve.model.models.qwen2 import Qwen2ForCausalLM
 from kvserve.model.models.qwen3 import Qwen3ForCausalLM
 
 MODEL_REGISTRY: dict[str, type[DecoderForCausalLM]] = {
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
@@ -27,6 +29,7 @@ def model_class(architecture: str) -> type[DecoderForCausalLM]:
 __all__ = [
     "MODEL_REGISTRY",
     "DecoderForCausalLM",
+    "Gemma3ForCausalLM",
     "LlamaForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",

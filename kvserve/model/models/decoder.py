@@ -122,11 +122,12 @@ class DecoderForCausalLM(nn.Module):
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        meta: AttentionMetadata,
+        metas: list[AttentionMetadata],
     ) -> torch.Tensor:
+        """`kv_caches` and `metas` per layer (a layer reads its KV cache group's metadata)."""
         x = self.model.embed_tokens(input_ids)
         cos_sin = self.rotary.cos_sin(positions, x.dtype)
-        for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
+        for layer, kv_cache, meta in zip(self.model.layers, kv_caches, metas, strict=True):
             x = layer(x, cos_sin, kv_cache, meta)
         return self.model.norm(x)
 

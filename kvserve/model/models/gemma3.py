@@ -1,0 +1,193 @@
+"""Gemma 3 (text): interleaved sliding-window and global attention layers.
+
+What sets it apart from the Llama-style decoder: RMSNorm scales by
+(1 + weight) and multiplies in float32 before casting back; four norms per
+layer (around attention and around the MLP); q/k norms per head; a gelu-tanh
+gated MLP; the embedding scaled by sqrt(hidden_size); the attention scale
+query_pre_attn_scalar^-0.5; local (sliding) layers use their own rope base
+(rope_local_base_freq) and global layers rope_theta with its scaling; and
+optional soft-capping of the final logits (attn_logit_softcapping is read by
+transformers' config but not applied by its Gemma3 attention, so not here
+either; paged_attention supports it for models that do). Sliding layers
+read only their window; the runner gives them sliding-window KV cache groups.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from kvserve.model.attention import AttentionMetadata, paged_attention
+from kvserve.model.config import ModelConfig, RopeConfig, _rope_config
+from kvserve.model.layers import RotaryEmbedding, apply_rotary
+from kvserve.model.models.decoder import DecoderForCausalLM
+
+DEFAULT_GLOBAL_THETA = 1_000_000.0
+DEFAULT_LOCAL_THETA = 10_000.0
+
+
+class GemmaRMSNorm(nn.Module):
+    """x / rms(x) * (1 + weight), all in float32, cast back at the end."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (h * (1.0 + self.weight.float())).to(x.dtype)
+
+
+class GemmaMLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate = nn.functional.gelu(self.gate_proj(x), approximate="tanh")
+        return self.down_proj(gate * self.up_proj(x))
+
+
+def gemma3_ropes(raw: dict[str, Any]) -> tuple[RopeConfig, RopeConfig]:
+    """(global, local) rope: `rope_parameters` per layer type (transformers 5), or
+    rope_theta + rope_scaling (global) and rope_local_base_freq (local)."""
+    params = raw.get("rope_parameters")
+    if isinstance(params, dict) and "full_attention" in params:
+        full = {"rope_theta": DEFAULT_GLOBAL_THETA, **(params.get("full_attention") or {})}
+        local = {"rope_theta": DEFAULT_LOCAL_THETA, **(params.get("sliding_attention") or {})}
+        return _rope_config({"rope_parameters": full}), _rope_config({"rope_parameters": local})
+    full_raw = {
+        "rope_theta": raw.get("rope_theta", DEFAULT_GLOBAL_THETA),
+        "rope_scaling": raw.get("rope_scaling"),
+        "max_position_embeddings": raw.get("max_position_embeddings", 8192),
+    }
+    local_theta = float(raw.get("rope_local_base_freq", DEFAULT_LOCAL_THETA))
+    return _rope_config(full_raw), RopeConfig(theta=local_theta)
+
+
+class Gemma3Attention(nn.Module):
+    def __init__(self, config: ModelConfig, window: int | None) -> None:
+        super().__init__()
+        raw = config.raw
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = d = config.head_dim
+        self.window = window
+        self.scale = float(raw.get("query_pre_attn_scalar") or d) ** -0.5
+        # transformers' Gemma3 attention never applies attn_logit_softcapping (Gemma 3
+        # checkpoints set it to null; Gemma 2 used it): follow the reference and ignore it.
+        self.softcap: float | None = None
+        hidden = config.hidden_size
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(hidden, self.num_heads * d, bias=bias)
+        self.k_proj = nn.Linear(hidden, self.num_kv_heads * d, bias=bias)
+        self.v_proj = nn.Linear(hidden, self.num_kv_heads * d, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * d, hidden, bias=bias)
+        self.q_norm = GemmaRMSNorm(d, config.rms_norm_eps)
+        self.k_norm = GemmaRMSNorm(d, config.rms_norm_eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        if meta.window != self.window:
+            raise ValueError(f"layer window {self.window} got metadata for {meta.window}")
+        tokens = x.shape[0]
+        q = self.q_norm(self.q_proj(x).view(tokens, self.num_heads, self.head_dim))
+        k = self.k_norm(self.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim))
+        v = self.v_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
+        cos, sin = cos_sin
+        q = apply_rotary(q, cos, sin)
+        k = apply_rotary(k, cos, sin)
+        out = paged_attention(
+            q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, softcap=self.softcap
+        )
+        return self.o_proj(out)
+
+
+class Gemma3DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, window: int | None) -> None:
+        super().__init__()
+        hidden, eps = config.hidden_size, config.rms_norm_eps
+        self.is_sliding = window is not None
+        self.self_attn = Gemma3Attention(config, window)
+        self.mlp = GemmaMLP(hidden, config.intermediate_size)
+        self.input_layernorm = GemmaRMSNorm(hidden, eps)
+        self.post_attention_layernorm = GemmaRMSNorm(hidden, eps)
+        self.pre_feedforward_layernorm = GemmaRMSNorm(hidden, eps)
+        self.post_feedforward_layernorm = GemmaRMSNorm(hidden, eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        h = self.self_attn(self.input_layernorm(x), cos_sin, kv_cache, meta)
+        x = x + self.post_attention_layernorm(h)
+        h = self.mlp(self.pre_feedforward_layernorm(x))
+        return x + self.post_feedforward_layernorm(h)
+
+
+class Gemma3Model(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        windows = config.layer_windows or [None] * config.num_layers
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(Gemma3DecoderLayer(config, w) for w in windows)
+        self.norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class Gemma3ForCausalLM(DecoderForCausalLM):
+    """Token ids of a flattened batch in, final hidden states out (see DecoderForCausalLM)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        nn.Module.__init__(self)
+        self.config = config
+        self.model = Gemma3Model(config)
+        self.lm_head = (
+            None
+            if config.tie_word_embeddings
+            else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        )
+        self.final_softcap = config.raw.get("final_logit_softcapping")
+        self.rotary: RotaryEmbedding | None = None
+        self.local_rotary: RotaryEmbedding | None = None
+
+    def init_rotary(self, device: torch.device) -> None:
+        full, local = gemma3_ropes(self.config.raw)
+        self.rotary = RotaryEmbedding(full, self.config.head_dim, device)
+        self.local_rotary = RotaryEmbedding(local, self.config.head_dim, device)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        metas: list[AttentionMetadata],
+    ) -> torch.Tensor:
+        embed = self.model.embed_tokens
+        scale = torch.tensor(self.config.hidden_size**0.5).to(embed.weight.dtype)
+        x = embed(input_ids) * scale
+        global_cs = self.rotary.cos_sin(positions, x.dtype)
+        local_cs = self.local_rotary.cos_sin(positions, x.dtype)
+        for layer, kv_cache, meta in zip(self.model.layers, kv_caches, metas, strict=True):
+            x = layer(x, local_cs if layer.is_sliding else global_cs, kv_cache, meta)
+        return self.model.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        logits = nn.functional.linear(hidden, weight)
+        if self.final_softcap is not None:
+            logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
+        return logits.float()

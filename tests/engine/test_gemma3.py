@@ -1,0 +1,101 @@
+"""Gemma 3 (5 sliding-window layers + 1 global) token-exact with transformers.
+
+Its sliding layers run in sliding-window KV cache groups of the one shared pool:
+block size 4 and a window of 7 tokens, so blocks really fall out of the window
+and are released while requests run.
+"""
+
+import pytest
+import torch
+
+from kvserve import LLM, SamplingParams
+from kvserve.kvcache.specs import FullAttentionSpec, SlidingWindowSpec
+
+
+def prompt(length, salt=0):
+    gen = torch.Generator().manual_seed(9000 + 100 * salt + length)
+    return torch.randint(3, 300, (length,), generator=gen).tolist()
+
+
+NEW = 24
+GREEDY = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True)
+SHARED = prompt(21, salt=1)
+PROMPTS = [
+    prompt(3),
+    prompt(8),
+    [*SHARED, *prompt(6, salt=2)],
+    [*SHARED, *prompt(3, salt=3)],
+    list(SHARED),
+    prompt(16),
+    prompt(1),
+]
+
+
+def make(ck, **kwargs):
+    options = dict(block_size=4, num_kv_blocks=160, dtype="float32", device="cpu", num_threads=1)
+    options.update(kwargs)
+    return LLM(ck.path, **options)
+
+
+def tokens(outputs):
+    return [o.outputs[0].token_ids for o in outputs]
+
+
+def test_runner_groups_sliding_layers_into_one_pool(gemma3_checkpoint):
+    llm = make(gemma3_checkpoint)
+    runner = llm.engine.runner
+    specs = runner.kv_cache_specs
+    assert [type(s) for s in specs] == [SlidingWindowSpec] * 5 + [FullAttentionSpec]
+    assert all(s.sliding_window == 7 for s in specs[:5])
+    assert runner.layer_groups.group_size == 1
+    assert len(runner.kv_tensors) == 1  # every group's block ids index the same tensors
+    assert all(kv is runner.kv_tensors[0] for kv in runner.kv_caches)
+    assert llm.engine.manager.config.specs == specs
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"enable_prefix_caching": False},
+        {"max_num_batched_tokens": 7},  # chunked prefill, mixed prefill + decode steps
+        {"num_kv_blocks": 100, "max_num_seqs": 8},  # preemption and recompute
+    ],
+    ids=["cached", "no-cache", "chunked", "preempt"],
+)
+def test_greedy_equals_transformers(gemma3_checkpoint, options):
+    ck = gemma3_checkpoint
+    llm = make(ck, **options)
+    expected = [ck.reference(p, NEW) for p in PROMPTS]
+    assert tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == expected
+    first_hits = llm.stats()["prefix_hit_tokens"]
+    # A second round of the same prompts: hits when caching is on, same tokens either way.
+    assert tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == expected
+    stats = llm.stats()
+    if options.get("num_kv_blocks") == 100:
+        assert stats["preemptions"] > 0
+    if options.get("enable_prefix_caching") is False:
+        assert stats["prefix_hit_tokens"] == 0
+    else:
+        assert stats["prefix_hit_tokens"] > first_hits
+        assert stats["duplicate_blocks_peak"] == 0
+    assert llm.engine.manager.pool.num_used == 0
+
+
+def test_decodes_past_the_window_release_blocks(gemma3_checkpoint):
+    """A long decode holds only the window's blocks in each sliding group."""
+    ck = gemma3_checkpoint
+    llm = make(ck)
+    engine = llm.engine
+    p = prompt(5, salt=4)
+    engine.add_request("long", p, GREEDY)
+    held = []
+    while engine.has_unfinished_requests():
+        engine.step()
+        req = next(iter(engine.scheduler.running), None)
+        if req is not None:
+            held.append([sum(b.block_id != 0 for b in t) for t in req.kv_blocks])
+    assert max(max(h[:5]) for h in held) <= 3  # window 7 over blocks of 4: at most 3
+    assert held[-1][5] >= (5 + NEW - 1) // 4  # the global layer keeps everything
+    out = llm.generate([p], GREEDY, use_tqdm=False)
+    assert tokens(out) == [ck.reference(p, NEW)]
