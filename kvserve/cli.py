@@ -407,6 +407,48 @@ def _rate(tokens: int, seconds: float) -> str:
     return f"{tokens / seconds:.1f} tok/s" if seconds > 0 else "n/a"
 
 
+def _add_kv_metadata(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "kv-metadata",
+        help="print how an engine on a checkpoint hashes and groups its KV cache (JSON)",
+        description=(
+            "Print, as JSON, what a consumer of KV cache events needs to hash and match "
+            "the way the engine does: per group its kind, physical block size, hash block "
+            "size and window, and the hash function and seed. Reads config.json only."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--model", required=True, help="checkpoint directory")
+    p.add_argument("--block-size", type=_positive, default=16, help="tokens per hash block")
+    p.add_argument("--hash", choices=sorted(HASH_FUNCTIONS), default="sha256", help="block hash")
+    p.add_argument("--hash-seed", type=int, default=DEFAULT_SEED, help="root of the hash chain")
+    p.set_defaults(func=_run_kv_metadata)
+
+
+def _run_kv_metadata(args: argparse.Namespace) -> int:
+    import torch
+
+    from kvserve.kvcache.event_metadata import kv_events_metadata
+    from kvserve.kvcache.grouping import group_layers
+    from kvserve.kvcache.manager import KVCacheConfig, KVCacheManager
+    from kvserve.model.config import load_model_config
+    from kvserve.model.runner import layer_kv_specs
+
+    config = load_model_config(args.model)
+    layout = group_layers(layer_kv_specs(config, args.block_size, torch.float32))
+    manager = KVCacheManager(
+        KVCacheConfig(
+            num_blocks=2,
+            block_size=args.block_size,
+            hash_fn=args.hash,
+            hash_seed=args.hash_seed,
+            specs=layout.specs,
+        )
+    )
+    print(json.dumps(kv_events_metadata(manager), indent=2))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kvserve",
@@ -414,6 +456,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_generate(sub)
+    _add_kv_metadata(sub)
     _add_simulate(sub)
     _add_events(sub)
     return parser

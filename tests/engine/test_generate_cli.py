@@ -103,3 +103,25 @@ def test_generate_with_a_gemma3_checkpoint(tmp_path):
     expected = tokenizer.decode(ref[0, ids.shape[1] :], skip_special_tokens=True)
     first = proc.stdout.split("prompt: ")[1].splitlines()[1].strip()
     assert ast.literal_eval(first.rsplit("  (", 1)[0]) == expected
+
+
+def test_kv_metadata_describes_the_engines_groups(gemma3_checkpoint, tmp_path):
+    import json
+
+    from kvserve import LLM
+    from kvserve.kvcache.event_metadata import kv_events_metadata
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvserve.cli", "kv-metadata", "--model", gemma3_checkpoint.path,
+         "--block-size", "4", "--hash-seed", "7"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    printed = json.loads(proc.stdout)
+    kinds = [g["kind"] for g in printed["groups"]]
+    assert kinds.count("full_attention") == 1 and kinds.count("sliding_window") == 5
+    assert {g["sliding_window"] for g in printed["groups"] if g["kind"] == "sliding_window"} == {7}
+    assert printed["hash_seed"] == 7 and printed["hash_block_size"] == 4
+    # The same as the metadata of a real engine on that checkpoint.
+    llm = LLM(gemma3_checkpoint.path, block_size=4, num_kv_blocks=64, hash_seed=7, num_threads=1)
+    assert json.loads(json.dumps(kv_events_metadata(llm.engine.manager))) == printed
