@@ -19,10 +19,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from kvserve.model.attention import AttentionMetadata, paged_attention
+from kvserve.model.attention import AttentionMetadata
 from kvserve.model.config import ModelConfig, RopeConfig, _rope_config
-from kvserve.model.layers import RotaryEmbedding, apply_rotary
-from kvserve.model.models.decoder import DecoderForCausalLM
+from kvserve.model.layers import RotaryEmbedding
+from kvserve.model.models.decoder import DecoderAttention, DecoderForCausalLM, DecoderOptions
 
 DEFAULT_GLOBAL_THETA = 1_000_000.0
 DEFAULT_LOCAL_THETA = 10_000.0
@@ -71,26 +71,20 @@ def gemma3_ropes(raw: dict[str, Any]) -> tuple[RopeConfig, RopeConfig]:
     return _rope_config(full_raw), RopeConfig(theta=local_theta)
 
 
-class Gemma3Attention(nn.Module):
+class Gemma3Attention(DecoderAttention):
+    """The shared attention with Gemma's norms, its query scale and a layer window.
+
+    transformers' Gemma3 attention never applies attn_logit_softcapping (Gemma 3
+    checkpoints set it to null; Gemma 2 used it): the reference ignores it, so do we.
+    """
+
     def __init__(self, config: ModelConfig, window: int | None) -> None:
-        super().__init__()
-        raw = config.raw
-        self.num_heads = config.num_heads
-        self.num_kv_heads = config.num_kv_heads
-        self.head_dim = d = config.head_dim
-        self.window = window
-        self.scale = float(raw.get("query_pre_attn_scalar") or d) ** -0.5
-        # transformers' Gemma3 attention never applies attn_logit_softcapping (Gemma 3
-        # checkpoints set it to null; Gemma 2 used it): follow the reference and ignore it.
-        self.softcap: float | None = None
-        hidden = config.hidden_size
         bias = config.attention_bias
-        self.q_proj = nn.Linear(hidden, self.num_heads * d, bias=bias)
-        self.k_proj = nn.Linear(hidden, self.num_kv_heads * d, bias=bias)
-        self.v_proj = nn.Linear(hidden, self.num_kv_heads * d, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * d, hidden, bias=bias)
-        self.q_norm = GemmaRMSNorm(d, config.rms_norm_eps)
-        self.k_norm = GemmaRMSNorm(d, config.rms_norm_eps)
+        super().__init__(config, DecoderOptions(qkv_bias=bias, o_bias=bias, qk_norm=True))
+        self.window = window
+        self.scale = float(config.raw.get("query_pre_attn_scalar") or self.head_dim) ** -0.5
+        self.q_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps)
+        self.k_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps)
 
     def forward(
         self,
@@ -101,17 +95,7 @@ class Gemma3Attention(nn.Module):
     ) -> torch.Tensor:
         if meta.window != self.window:
             raise ValueError(f"layer window {self.window} got metadata for {meta.window}")
-        tokens = x.shape[0]
-        q = self.q_norm(self.q_proj(x).view(tokens, self.num_heads, self.head_dim))
-        k = self.k_norm(self.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim))
-        v = self.v_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
-        cos, sin = cos_sin
-        q = apply_rotary(q, cos, sin)
-        k = apply_rotary(k, cos, sin)
-        out = paged_attention(
-            q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, softcap=self.softcap
-        )
-        return self.o_proj(out)
+        return super().forward(x, cos_sin, kv_cache, meta)
 
 
 class Gemma3DecoderLayer(nn.Module):
