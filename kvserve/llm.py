@@ -7,6 +7,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from kvserve.engine.engine_args import EngineArgs
 from kvserve.engine.llm_engine import LLMEngine
 from kvserve.outputs import RequestOutput
 from kvserve.sampling_params import SamplingParams
@@ -17,46 +18,14 @@ Prompt = str | list[int]
 class LLM:
     """Load a local Hugging Face checkpoint and generate.
 
-    Keyword arguments are explicit: an unknown one raises TypeError (a typo
-    must not silently fall back to a default).
+    Keyword arguments are the fields of `EngineArgs` (block_size, num_kv_blocks,
+    kv_cache_memory, max_num_seqs, max_num_batched_tokens, max_model_len,
+    enable_prefix_caching, dtype, seed, device, hash_fn, hash_seed,
+    num_threads, kv_events_config); an unknown one raises TypeError.
     """
 
-    def __init__(
-        self,
-        model: str,
-        *,
-        block_size: int = 16,
-        num_kv_blocks: int | None = None,
-        kv_cache_memory: int | None = None,
-        max_num_seqs: int = 256,
-        max_num_batched_tokens: int = 8192,
-        max_model_len: int | None = None,
-        enable_prefix_caching: bool = True,
-        dtype: str = "auto",
-        seed: int = 0,
-        device: str | None = None,
-        hash_fn: str = "sha256",
-        hash_seed: int = 0,
-        num_threads: int | None = None,
-        kv_events_config: Any = None,
-    ) -> None:
-        self.engine = LLMEngine(
-            model,
-            block_size=block_size,
-            num_kv_blocks=num_kv_blocks,
-            kv_cache_memory=kv_cache_memory,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            max_model_len=max_model_len,
-            enable_prefix_caching=enable_prefix_caching,
-            dtype=dtype,
-            seed=seed,
-            device=device,
-            hash_fn=hash_fn,
-            hash_seed=hash_seed,
-            num_threads=num_threads,
-            kv_events_config=kv_events_config,
-        )
+    def __init__(self, model: str, **kwargs: Any) -> None:
+        self.engine = LLMEngine(model, EngineArgs(**kwargs))
         self._ids = itertools.count()
         self.last_run_seconds = 0.0
 

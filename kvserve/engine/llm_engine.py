@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvserve.engine.content_tracker import ContentTracker
+from kvserve.engine.engine_args import EngineArgs
 from kvserve.engine.request import Request, RequestStatus
 from kvserve.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from kvserve.engine.stop import StopChecker
@@ -52,39 +53,23 @@ class EngineStats:
 class LLMEngine:
     """Step-level API (the server drives this; LLM.generate loops over it)."""
 
-    def __init__(
-        self,
-        model: str,
-        *,
-        block_size: int = 16,
-        num_kv_blocks: int | None = None,
-        kv_cache_memory: int | None = None,
-        max_num_seqs: int = 256,
-        max_num_batched_tokens: int = 8192,
-        max_model_len: int | None = None,
-        enable_prefix_caching: bool = True,
-        dtype: str = "auto",
-        seed: int = 0,
-        device: str | None = None,
-        hash_fn: str = "sha256",
-        hash_seed: int = 0,
-        num_threads: int | None = None,
-        kv_events_config: Any = None,
-    ) -> None:
+    def __init__(self, model: str, args: EngineArgs | None = None) -> None:
+        args = args or EngineArgs()
         from kvserve.model.runner import ModelRunner  # torch stays out of kvcache imports
 
         self.runner = ModelRunner(
             model,
-            block_size=block_size,
-            num_blocks=num_kv_blocks,
-            kv_cache_memory=kv_cache_memory,
-            dtype=dtype,
-            device=device,
-            seed=seed,
-            num_threads=num_threads,
+            block_size=args.block_size,
+            num_blocks=args.num_kv_blocks,
+            kv_cache_memory=args.kv_cache_memory,
+            dtype=args.dtype,
+            device=args.device,
+            seed=args.seed,
+            num_threads=args.num_threads,
         )
         self.tokenizer = self.runner.tokenizer
         limit = self.runner.max_model_len
+        max_model_len = args.max_model_len
         if max_model_len is None:
             max_model_len = limit
         elif limit is not None and max_model_len > limit:
@@ -92,33 +77,33 @@ class LLMEngine:
         self.manager = KVCacheManager(
             KVCacheConfig(
                 num_blocks=self.runner.num_blocks,
-                block_size=block_size,
-                enable_prefix_caching=enable_prefix_caching,
-                hash_fn=hash_fn,
-                hash_seed=hash_seed,
+                block_size=args.block_size,
+                enable_prefix_caching=args.enable_prefix_caching,
+                hash_fn=args.hash_fn,
+                hash_seed=args.hash_seed,
                 specs=self.runner.kv_cache_specs,
             )
         )
         self.scheduler = Scheduler(
             self.manager,
             SchedulerConfig(
-                max_num_seqs=max_num_seqs,
-                max_num_batched_tokens=max_num_batched_tokens,
+                max_num_seqs=args.max_num_seqs,
+                max_num_batched_tokens=args.max_num_batched_tokens,
                 max_model_len=max_model_len,
             ),
             stop_fn=self._stop,
         )
         self.stop_checker = StopChecker(self.tokenizer, self.runner.eos_token_ids)
         self.stats = EngineStats()
-        self.tracker = ContentTracker(block_size)
+        self.tracker = ContentTracker(args.block_size)
         self._requests: dict[str, _UserRequest] = {}
         self._vocab_size = self.runner.vocab_size
         self.kv_events = None
         """KV cache events (kvserve.events.EngineKVEvents); None when disabled."""
-        if kv_events_config is not None:
+        if args.kv_events_config is not None:
             from kvserve.events.engine_events import make_engine_events
 
-            self.kv_events = make_engine_events(self.manager, kv_events_config)
+            self.kv_events = make_engine_events(self.manager, args.kv_events_config)
 
     # -- requests ---------------------------------------------------------------
 
