@@ -81,15 +81,17 @@ def _add_simulate(sub: argparse._SubParsersAction) -> None:
     k.add_argument("--block-size", type=_positive, default=16, help="tokens per hash block")
     k.add_argument(
         "--model-spec",
-        choices=["full", "gemma3-like"],
+        choices=["full", "gemma3-like", "mamba-hybrid-like"],
         default="full",
-        help="KV cache groups of the simulated model: full attention only, or Gemma 3's "
-        "full-attention group plus two sliding-window groups (window 1024)",
+        help="KV cache groups of the simulated model: full attention only; Gemma 3's "
+        "full-attention group plus two sliding-window groups (window 1024); or a Bamba-like "
+        "attention group plus three Mamba2 state groups (attention blocks inflated 4x)",
     )
     k.add_argument(
         "--groups",
         help="explicit groups instead of --model-spec, comma separated: "
-        "'full' or 'sliding:<window>', e.g. full,sliding:512",
+        "'full', 'sliding:<window>' or 'mamba:<state page in hash blocks>', "
+        "e.g. full,sliding:512 or full,mamba:4",
     )
     k.add_argument(
         "--num-blocks",

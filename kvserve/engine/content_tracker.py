@@ -9,6 +9,7 @@ from __future__ import annotations
 from kvserve.engine.request import Request
 from kvserve.engine.scheduler import SchedulerOutput
 from kvserve.kvcache.hashing import BlockHasher
+from kvserve.kvcache.manager import KVCacheManager
 
 
 class ContentTracker:
@@ -21,8 +22,11 @@ class ContentTracker:
     block also holds, after each step.
     """
 
-    def __init__(self, block_size: int) -> None:
+    def __init__(self, block_size: int, group_ratios: list[int | None] | None = None) -> None:
+        """`group_ratios`: per group, hash blocks per physical block (None: a state
+        group, whose per-request state is no shared content); default 1 each."""
         self.block_size = block_size
+        self.group_ratios = group_ratios
         self._hasher = BlockHasher(block_size, "xxh3_128", seed=12345)
         self._seen: set[bytes] = set()
         self._hashes: dict[str, list[bytes]] = {}
@@ -81,15 +85,20 @@ class ContentTracker:
             if full <= done:
                 continue
             hashes = self._content(req)
+            ratios = self.group_ratios or [1] * len(tables)
             for i in range(done, full):
                 content = hashes[i]
                 seen.add(content)
                 for group, table in enumerate(tables):
+                    k = ratios[group]
+                    if k is None or (i + 1) % k:
+                        continue  # a state group, or the physical block is not full yet
+                    m = i // k
                     # Finished in this step (computed, already freed): nothing held.
-                    if i >= len(table) or not table[i].block_id:
+                    if m >= len(table) or not table[m].block_id:
                         recorded[group].append(None)
                         continue
-                    entry = ((group, content), table[i].block_id)
+                    entry = ((group, content), table[m].block_id)
                     recorded[group].append(entry)
                     holders = self._holders.setdefault(entry[0], {})
                     if entry[1] not in holders and holders:
@@ -120,3 +129,10 @@ class ContentTracker:
         self._first_held.pop(req.request_id, None)
         if req.status.finished:
             self._hashes.pop(req.request_id, None)
+
+
+def group_ratios(manager: KVCacheManager) -> list[int | None]:
+    """Per group of `manager`: hash blocks per physical block; None for a state group."""
+    return [
+        None if g.kind == "mamba" else g.block_size // manager.block_size for g in manager.groups
+    ]

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvserve.engine.content_tracker import ContentTracker
+from kvserve.engine.content_tracker import ContentTracker, group_ratios
 from kvserve.engine.engine_args import EngineArgs
 from kvserve.engine.request import Request, RequestStatus
 from kvserve.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
@@ -95,7 +95,7 @@ class LLMEngine:
         )
         self.stop_checker = StopChecker(self.tokenizer, self.runner.eos_token_ids)
         self.stats = EngineStats()
-        self.tracker = ContentTracker(args.block_size)
+        self.tracker = ContentTracker(args.block_size, group_ratios(self.manager))
         self._requests: dict[str, _UserRequest] = {}
         self._vocab_size = self.runner.vocab_size
         self.kv_events = None
@@ -263,12 +263,13 @@ class LLMEngine:
                     start_pos=chunk.start,
                     block_tables=[[b.block_id for b in t] for t in req.kv_blocks],
                     skip_write_until=req.skip_write_tokens,
+                    state_plans=req.state_plans,
                     sample=chunk.samples,
                     params=req.params,
                     num_generated=req.num_output_tokens,
                 )
             )
-        tokens = self.runner.execute(chunks)
+        tokens = self.runner.execute(chunks, self.manager.take_copies())
         return {
             c.request_id: token
             for c, token in zip(chunks, tokens, strict=True)

@@ -182,9 +182,15 @@ class Scheduler:
                 i += 1
         waiting = self.waiting
         max_seqs = self.config.max_num_seqs
+        deferred: list[Request] = []
         while waiting and budget > 0 and len(running) < max_seqs:
             req = waiting[0]
             hit = manager.get_computed_blocks(req, 0)
+            if hit.wait:
+                # It would resume from state this step writes (DESIGN invariant 8):
+                # one step later it hits; the requests behind it go on meanwhile.
+                deferred.append(waiting.popleft())
+                continue
             computed = hit.num_tokens
             num_new = self._chunk(req, computed, budget)
             if not manager.allocate_slots(req, num_new, computed, hit):
@@ -200,6 +206,7 @@ class Scheduler:
             running.append(req)
             out.chunks.append(ScheduledChunk(req, computed, num_new))
             budget -= num_new
+        waiting.extendleft(reversed(deferred))
         self.stats.manager_seconds += clock() - t0
         return out
 

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvserve.kvcache.cache_entry import CacheEntry
 
 ROOT_CACHE_ID = -1
 """Parent cache id of a first block: the chain starts at the hasher's root."""
@@ -30,6 +34,9 @@ class KVBlock:
     """Unique per registration; 0 while not cached."""
     computed: bool = False
     """False while pending: registered, filled by the step being scheduled."""
+    entries: list[CacheEntry] | None = None
+    """Inflated attention blocks: the hash blocks inside it that are cached
+    (the fields above stay empty; each entry is keyed in the index instead)."""
 
     @property
     def is_cached(self) -> bool:

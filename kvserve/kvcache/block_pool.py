@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from kvserve.kvcache.block import KVBlock
+from kvserve.kvcache.cache_entry import CacheEntry
 
 if TYPE_CHECKING:
     from kvserve.kvcache.event_sink import KVEventSink
@@ -47,7 +48,8 @@ class BlockPool:
             (b.block_id, b) for b in self.blocks[1:]
         )
         self.index: list[dict[bytes, KVBlock]] = [{} for _ in range(num_groups)]
-        self.pending: list[KVBlock] = []
+        """Per group: hash -> cached block (a CacheEntry in inflated attention groups)."""
+        self.pending: list[KVBlock | CacheEntry] = []
         self._next_cache_id = 1
         self.num_evictions = 0
         self.events: KVEventSink | None = None
@@ -87,6 +89,9 @@ class BlockPool:
                     self.events.removed(block)
                 self._uncache(block)
                 self.num_evictions += 1
+            elif block.entries:
+                self.num_evictions += len(block.entries)
+                self._uncache_entries(block)
             block.ref_cnt = 1
             out.append(block)
         return out
@@ -106,7 +111,7 @@ class BlockPool:
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
                 free[block.block_id] = block
-                if block.block_hash is None:
+                if block.block_hash is None and not block.entries:
                     free.move_to_end(block.block_id, last=False)
 
     def register(
@@ -132,6 +137,50 @@ class BlockPool:
             self.pending.append(block)
         self.index[group][block_hash] = block
 
+    def register_entry(
+        self,
+        group: int,
+        block: KVBlock,
+        slot: int,
+        block_hash: bytes,
+        token_ids: list[int],
+        extra: bytes,
+        parent_cache_id: int,
+    ) -> CacheEntry:
+        """Index hash block `slot` of an inflated `block`; pending until the step ends."""
+        entry = CacheEntry(
+            block, slot, block_hash, group, token_ids, extra, parent_cache_id, self._next_cache_id
+        )
+        self._next_cache_id += 1
+        if block.entries is None:
+            block.entries = [entry]
+        else:
+            block.entries.append(entry)
+        self.pending.append(entry)
+        self.index[group][block_hash] = entry  # type: ignore[assignment]
+        return entry
+
+    def uncache(self, block: KVBlock) -> None:
+        """Drop a free block's index entry now (a state snapshot over its share).
+
+        The block moves to the front of the queue: it holds nothing reusable.
+        """
+        if self.events is not None:
+            self.events.removed(block)
+        self._uncache(block)
+        self.num_evictions += 1
+        if block.ref_cnt == 0:
+            self._free.move_to_end(block.block_id, last=False)
+
+    def _uncache_entries(self, block: KVBlock) -> None:
+        events = self.events
+        for entry in block.entries:  # type: ignore[union-attr]
+            if events is not None:
+                events.removed(entry)  # type: ignore[arg-type]
+            del self.index[entry.group][entry.block_hash]
+            entry.cache_id = 0
+        block.entries = None
+
     def _uncache(self, block: KVBlock) -> None:
         del self.index[block.group][block.block_hash]
         block.block_hash = None
@@ -153,9 +202,13 @@ class BlockPool:
         """
         if self.num_used:
             return False
+        events, self.events = self.events, None  # one AllBlocksCleared, no removals
         for block in self.blocks[1:]:
             if block.block_hash is not None:
                 self._uncache(block)
+            elif block.entries:
+                self._uncache_entries(block)
+        self.events = events
         # Nothing reusable remains, so queue order no longer matters.
         if self.events is not None:
             self.events.cleared()

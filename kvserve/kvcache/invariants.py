@@ -20,9 +20,13 @@ def count_duplicate_blocks(
     Content identity is the chained hash of the computed full block, so this
     counts what an exact cache would store once and we store more than once.
     """
-    bs = manager.block_size
     duplicates = 0
+    seqs = list(seqs)
     for group in manager.groups:
+        if group.kind == "mamba":
+            continue  # a running state is per request; snapshots are deduplicated by hash
+        bs = group.block_size
+        k = bs // manager.block_size
         first_holder: dict[bytes, int] = {}
         extra: set[int] = set()
         for seq in seqs:
@@ -33,7 +37,8 @@ def count_duplicate_blocks(
                 block_id = table[i].block_id
                 if not block_id:  # the null block: released out of a sliding window
                     continue
-                holder = first_holder.setdefault(seq.block_hashes[i], block_id)
+                # A chained hash names the whole prefix: the last hash block's stands for the block.
+                holder = first_holder.setdefault(seq.block_hashes[(i + 1) * k - 1], block_id)
                 if holder != block_id:
                     extra.add(block_id)
         duplicates += len(extra)
@@ -68,6 +73,8 @@ def check_invariants(
                     nulls += 1
         for _, _, copy in seq.merges:
             holders[copy.block_id] += 1
+        for block in seq.transient:
+            holders[block.block_id] += 1
     # 1. ref counts equal holders; the null block is never handed out.
     if holders[0] or pool.null_block.ref_cnt:
         raise InvariantError("null block is held or counted")
@@ -90,14 +97,28 @@ def check_invariants(
         raise InvariantError("free + used != total")
     # 3. index entries describe their blocks; held cached blocks hold the sequence's tokens.
     for group_id, index in enumerate(pool.index):
-        for block_hash, block in index.items():
-            if block.block_hash != block_hash or block.group != group_id:
+        for block_hash, entry in index.items():
+            block = getattr(entry, "block", entry)  # a CacheEntry inside an inflated block
+            if entry.block_hash != block_hash or entry.group != group_id:
                 raise InvariantError(f"index entry for block {block.block_id} is stale")
-            if between_steps and not block.computed:
+            if entry is not block and entry not in (block.entries or ()):
+                raise InvariantError(f"index entry for block {block.block_id} is not in it")
+            if between_steps and not entry.computed:
                 raise InvariantError(f"block {block.block_id} still pending between steps")
     for seq in seqs:
         if len(seq.block_hashes) * bs < len(seq.token_ids) - bs + 1:
             manager.hasher.extend(seq.block_hashes, seq.token_ids, seq.extra_keys)
+        if between_steps and seq.transient:
+            raise InvariantError(f"{seq.request_id}: step-only blocks held between steps")
+        for group, table in zip(manager.groups, seq.kv_blocks, strict=True):
+            k = group.block_size // bs
+            for m, block in enumerate(table):
+                for e in block.entries or ():
+                    i = m * k + e.slot
+                    if i < len(seq.block_hashes) and e.block_hash != seq.block_hashes[i]:
+                        raise InvariantError(
+                            f"{seq.request_id}: hash block {i} is cached under another hash"
+                        )
         for table in seq.kv_blocks:
             for i, block in enumerate(table):
                 if block.block_hash is None or not block.block_id:
@@ -115,8 +136,10 @@ def check_invariants(
     # 6. slots exist for exactly the computed tokens; a window keeps what it reads.
     for seq in seqs:
         computed = num_computed[seq.request_id]
-        need = -(-computed // bs)
         for group, table in zip(manager.groups, seq.kv_blocks, strict=True):
+            need = -(-computed // group.block_size)
+            if group.kind == "mamba":
+                need = 1 if computed else 0  # the running state
             if len(table) != need:
                 raise InvariantError(
                     f"{seq.request_id}: {len(table)} blocks for "

@@ -15,8 +15,11 @@ from kvserve.kvcache.block import KVBlock
 from kvserve.kvcache.block_pool import BlockPool
 from kvserve.kvcache.groups import GROUP_TYPES, FullAttentionGroup, SlidingWindowGroup
 from kvserve.kvcache.hashing import DEFAULT_HASH, DEFAULT_SEED, BlockHasher, extra_key_bytes
+from kvserve.kvcache.inflated_group import CopyOp, InflatedAttentionGroup
 from kvserve.kvcache.sequence import CacheSequence
-from kvserve.kvcache.specs import FullAttentionSpec, KVCacheSpec
+from kvserve.kvcache.specs import FullAttentionSpec, KVCacheSpec, MambaStateSpec
+from kvserve.kvcache.state_coordinator import StateCoordinator
+from kvserve.kvcache.state_group import MambaStateGroup
 
 
 @dataclass(slots=True)
@@ -31,7 +34,10 @@ class KVCacheConfig:
     verify_hits: bool = True
     """Compare a hit's token ids before using it (a collision becomes a miss)."""
     specs: list[KVCacheSpec] | None = None
-    """One spec per group; default: one full-attention group."""
+    """One spec per group; default: one full-attention group. With state groups,
+    attention block sizes are multiples of `block_size` (kvcache.grouping)."""
+    state_snapshot_share: float = 0.25
+    """Most of the pool that cached state snapshots may take (state groups only)."""
 
 
 @dataclass(slots=True)
@@ -43,6 +49,11 @@ class PrefixHit:
     skip_write_tokens: int = 0
     """> 0 when the whole sequence is cached: its last token is recomputed for
     its logits, but its K/V already sits in a shared block and is not written."""
+    sources: list[list] | None = None
+    """State models: per group, the cache entries a hit copies from (attention)
+    or the snapshot it resumes from (state)."""
+    wait: bool = False
+    """Waiting one step gives a longer hit (it would read what this step writes)."""
 
 
 @dataclass(slots=True)
@@ -64,20 +75,28 @@ class KVCacheManager:
 
     def __init__(self, config: KVCacheConfig) -> None:
         specs = config.specs or [FullAttentionSpec(block_size=config.block_size)]
+        has_state = any(isinstance(spec, MambaStateSpec) for spec in specs)
         for spec in specs:
-            if spec.block_size != config.block_size:
+            if spec.block_size != config.block_size and not (
+                has_state and spec.block_size % config.block_size == 0
+            ):
                 raise ValueError(
                     f"group block size {spec.block_size} != hash block size {config.block_size}"
                 )
         self.config = config
         self.block_size = config.block_size
+        """The hash block size: the unit of matching (physical blocks may be larger)."""
         self.enable_caching = config.enable_prefix_caching
         self.hasher = BlockHasher(config.block_size, config.hash_fn, config.hash_seed)
         self.pool = BlockPool(config.num_blocks, num_groups=len(specs))
-        self.groups = [
-            GROUP_TYPES[type(spec)](i, spec, self.pool, config.verify_hits)
-            for i, spec in enumerate(specs)
-        ]
+        self.groups = (
+            self._state_groups(specs, config)
+            if has_state
+            else [
+                GROUP_TYPES[type(spec)](i, spec, self.pool, config.verify_hits)
+                for i, spec in enumerate(specs)
+            ]
+        )
         # Sliding-window blocks verify against the first full-attention group.
         anchor = [g for g in self.groups if type(g) is FullAttentionGroup]
         self._anchor = anchor[0] if anchor else None
@@ -91,6 +110,37 @@ class KVCacheManager:
         self.stats = KVCacheStats()
         self._merging: list[CacheSequence] = []
         self._empty_hit = PrefixHit([[] for _ in specs], 0)
+        self._state = StateCoordinator(self) if has_state else None
+
+    def _state_groups(self, specs: list[KVCacheSpec], config: KVCacheConfig) -> list:
+        """Inflated attention and state groups; every state page sits in a bounded share."""
+        if not 0 < config.state_snapshot_share <= 1:
+            raise ValueError(
+                f"state_snapshot_share must be in (0, 1], got {config.state_snapshot_share}"
+            )
+        num_states = sum(isinstance(spec, MambaStateSpec) for spec in specs)
+        share = max(1, int(config.num_blocks * config.state_snapshot_share) // num_states)
+        groups: list = []
+        for i, spec in enumerate(specs):
+            if isinstance(spec, MambaStateSpec):
+                groups.append(
+                    MambaStateGroup(
+                        i, spec, self.pool, config.verify_hits, config.block_size, share
+                    )
+                )
+            elif isinstance(spec, FullAttentionSpec):
+                groups.append(
+                    InflatedAttentionGroup(
+                        i, spec, self.pool, config.verify_hits, config.block_size
+                    )
+                )
+            else:
+                raise ValueError(
+                    "sliding-window layers together with Mamba state layers are not supported"
+                )
+        if not any(isinstance(g, InflatedAttentionGroup) for g in groups):
+            raise ValueError("Mamba state groups need a full-attention group to anchor prefix hits")
+        return groups
 
     # -- requests ---------------------------------------------------------------
 
@@ -130,6 +180,8 @@ class KVCacheManager:
         token: it is computed for its logits; if every block is cached, its
         write is skipped instead (DESIGN invariant 5).
         """
+        if self._state is not None:
+            return self._state.lookup(seq, num_computed_tokens)
         num_tokens = len(seq.token_ids)
         bs = self.block_size
         held = len(seq.kv_blocks[0])
@@ -204,6 +256,15 @@ class KVCacheManager:
         tokens are all scheduled are registered now, as pending, so a request
         admitted later in this same step shares them.
         """
+        if self._state is not None:
+            return self._state.allocate(
+                seq,
+                num_new_tokens,
+                num_computed_tokens,
+                hit,
+                num_lookahead_tokens,
+                num_external_tokens,
+            )
         end = num_computed_tokens + num_external_tokens + num_new_tokens
         total = end + num_lookahead_tokens
         pool = self.pool
@@ -293,6 +354,8 @@ class KVCacheManager:
 
     def end_step(self) -> None:
         """After the runner: pending blocks are computed; duplicates merge away."""
+        if self._state is not None:
+            self._state.end_step()
         release = self.pool.release
         for seq in self._merging:
             for group_id, i, copy in seq.merges:
@@ -313,6 +376,8 @@ class KVCacheManager:
         """
         release = self.pool.release
         null = self.pool.null_block
+        if self._state is not None:
+            self._state.forget(seq)
         for group in self._release_order:
             table = seq.kv_blocks[group.group_id]
             if self._has_windows:
@@ -329,6 +394,10 @@ class KVCacheManager:
         seq.num_cached_blocks = 0
         seq.cache_chain_broken = False
         seq.skip_write_tokens = 0
+
+    def take_copies(self) -> list[CopyOp]:
+        """Copy-on-write operations the runner must do before this step's forward."""
+        return self._state.take_copies() if self._state is not None else []
 
     def block_ids(self, seq: CacheSequence) -> list[list[int]]:
         """Block table per group, for the runner (0: the null block, never read)."""
@@ -368,7 +437,11 @@ class KVCacheManager:
         full = -(-num_tokens // bs)
         total = 0
         for group in self.groups:
-            if isinstance(group, SlidingWindowGroup) and max_chunk_tokens is not None:
+            if isinstance(group, MambaStateGroup):
+                total += 2  # the running state and the snapshot a hit resumes from
+            elif isinstance(group, InflatedAttentionGroup):
+                total += -(-num_tokens // group.block_size) + 1  # + a copy source
+            elif isinstance(group, SlidingWindowGroup) and max_chunk_tokens is not None:
                 span = group.window - 1 + max_chunk_tokens
                 total += min(full, -(-span // bs) + 1)
             else:

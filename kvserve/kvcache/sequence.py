@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kvserve.kvcache.block import KVBlock
+
+if TYPE_CHECKING:
+    from kvserve.kvcache.state_group import StatePlan
 
 
 @dataclass(slots=True, eq=False)
@@ -35,6 +39,11 @@ class CacheSequence:
     """Tokens whose KV already sits in shared blocks (fully cached prompt)."""
     num_skipped_blocks: list[int] = field(default_factory=list)
     """Per group, leading table entries released to the null block (sliding window)."""
+    transient: list[KVBlock] = field(default_factory=list)
+    """Blocks held for the step being scheduled only: copy-on-write sources, the
+    snapshot a state hit resumes from, snapshots being written."""
+    state_plans: list[StatePlan | None] = field(default_factory=list)
+    """Per group (None for attention): this step's state plan for the runner."""
 
     @property
     def num_tokens(self) -> int:

@@ -55,14 +55,44 @@ class SlidingWindowSpec:
         return per_layer * self.num_layers
 
 
-KVCacheSpec = FullAttentionSpec | SlidingWindowSpec
+@dataclass(frozen=True, slots=True)
+class MambaStateSpec:
+    """A recurrent (Mamba2) layer: a fixed-size state per request, not per token.
+
+    The state can only be resumed from a snapshot, so prefix hits exist only
+    where one was taken: when an attention block of `block_size` tokens fills,
+    and at the last hash-block boundary of each prompt. `state_bytes` is the
+    conv plus SSM state of one layer.
+    """
+
+    block_size: int
+    state_bytes: int = 1
+    num_layers: int = 1
+
+    kind = "mamba"
+
+    @property
+    def page_bytes(self) -> int:
+        return self.state_bytes * self.num_layers
+
+
+KVCacheSpec = FullAttentionSpec | SlidingWindowSpec | MambaStateSpec
 
 
 def spec_from_name(text: str, block_size: int) -> KVCacheSpec:
-    """'full' or 'sliding:<window>' (the CLI's spelling of a group)."""
+    """'full', 'sliding:<window>' or 'mamba:<k>' (the CLI's spelling of a group).
+
+    'mamba:<k>': a state group whose state page is as large as k hash blocks of
+    a 'full' group, so attention blocks beside it are inflated k-fold.
+    """
     kind, _, arg = text.partition(":")
     if kind == "full" and not arg:
-        return FullAttentionSpec(block_size=block_size)
+        return FullAttentionSpec(block_size=block_size, dtype_bytes=1)
     if kind == "sliding" and arg.isdigit():
-        return SlidingWindowSpec(block_size=block_size, sliding_window=int(arg))
-    raise ValueError(f"bad group spec {text!r}: use 'full' or 'sliding:<window tokens>'")
+        return SlidingWindowSpec(block_size=block_size, sliding_window=int(arg), dtype_bytes=1)
+    if kind == "mamba" and arg.isdigit() and int(arg) > 0:
+        return MambaStateSpec(block_size=block_size, state_bytes=int(arg) * 2 * block_size)
+    raise ValueError(
+        f"bad group spec {text!r}: use 'full', 'sliding:<window tokens>' or "
+        "'mamba:<state page in hash blocks>'"
+    )

@@ -11,6 +11,7 @@ it. It knows nothing about hashing or eviction (DESIGN: data flows one way).
 from __future__ import annotations
 
 import logging
+import math
 import os
 from dataclasses import dataclass
 from functools import cached_property
@@ -20,7 +21,14 @@ from typing import Any
 import torch
 
 from kvserve.kvcache.grouping import GroupLayout, group_layers
-from kvserve.kvcache.specs import FullAttentionSpec, KVCacheSpec, SlidingWindowSpec
+from kvserve.kvcache.inflated_group import CopyOp
+from kvserve.kvcache.specs import (
+    FullAttentionSpec,
+    KVCacheSpec,
+    MambaStateSpec,
+    SlidingWindowSpec,
+)
+from kvserve.kvcache.state_group import StatePlan
 from kvserve.model.attention import AttentionMetadata
 from kvserve.model.config import ModelConfig
 from kvserve.model.kv_memory import (
@@ -61,6 +69,8 @@ class SeqChunk:
     num_generated: int = 0
     """Tokens this request has generated so far: below `params.min_tokens` no stop token
     (eos unless ignore_eos, stop_token_ids) can be sampled."""
+    state_plans: list[StatePlan | None] | None = None
+    """Per KV cache group: the state plan of a state (Mamba) group, None for attention."""
 
 
 def default_device() -> torch.device:
@@ -80,7 +90,12 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def layer_kv_specs(config: ModelConfig, block_size: int, dtype: torch.dtype) -> list[KVCacheSpec]:
-    """One spec per layer: full attention, or a sliding window where the config has one."""
+    """One spec per layer: full attention, a sliding window where the config has one,
+    or a Mamba state.
+
+    A state page lives in a K/V page pair: conv state in the K half, SSM state
+    in the V half, so it needs twice the larger of the two.
+    """
     element = torch.empty((), dtype=dtype).element_size()
     shape = dict(
         block_size=block_size,
@@ -89,10 +104,34 @@ def layer_kv_specs(config: ModelConfig, block_size: int, dtype: torch.dtype) -> 
         dtype_bytes=element,
     )
     windows = config.layer_windows or [None] * config.num_layers
+    kinds = config.layer_kinds or ["attention"] * config.num_layers
+    state_bytes = 0
+    if "mamba" in kinds:
+        from kvserve.model.mamba2 import state_shapes
+
+        conv, ssm = state_shapes(config)
+        state_bytes = 2 * max(math.prod(conv), math.prod(ssm)) * element
     return [
-        FullAttentionSpec(**shape) if w is None else SlidingWindowSpec(sliding_window=w, **shape)
-        for w in windows
+        MambaStateSpec(block_size=block_size, state_bytes=state_bytes)
+        if kind == "mamba"
+        else FullAttentionSpec(**shape)
+        if w is None
+        else SlidingWindowSpec(sliding_window=w, **shape)
+        for kind, w in zip(kinds, windows, strict=True)
     ]
+
+
+def state_views(
+    k: torch.Tensor, v: torch.Tensor, config: ModelConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Mamba layer's (conv, ssm) state pages inside a K/V pair: one page per block id."""
+    from kvserve.model.mamba2 import state_shapes
+
+    conv, ssm = state_shapes(config)
+    blocks = k.shape[0]
+    conv_view = k.view(blocks, -1)[:, : math.prod(conv)].view(blocks, *conv)
+    ssm_view = v.view(blocks, -1)[:, : math.prod(ssm)].view(blocks, *ssm)
+    return conv_view, ssm_view
 
 
 def _env_threads() -> int | None:
@@ -129,12 +168,18 @@ class ModelRunner:
         if self.device.type == "cpu":
             torch.set_num_threads(num_threads or _env_threads() or os.cpu_count() or 1)
         self.model, self.config = load_model(self.model_dir, self.dtype, self.device)
-        self.block_size = block_size
+        self.hash_block_size = block_size
         self.layer_groups: GroupLayout = group_layers(
             layer_kv_specs(self.config, block_size, self.dtype)
         )
         self.kv_cache_specs: list[KVCacheSpec] = self.layer_groups.specs
         """One spec per KV cache group, in the order of the block tables."""
+        self.block_size = self.kv_cache_specs[0].block_size
+        """Tokens per physical block: the hash block size, inflated in Mamba hybrids
+        (kvcache.grouping.inflate_for_state) so a block also holds a state page."""
+        self.state_groups = [
+            g for g, spec in enumerate(self.kv_cache_specs) if isinstance(spec, MambaStateSpec)
+        ]
         self.bytes_per_block = self.layer_groups.page_bytes
         if num_blocks is None:
             memory = kv_cache_memory
@@ -147,8 +192,10 @@ class ModelRunner:
             )
         self.num_blocks = num_blocks
         logger.info(
-            "KV cache: %d blocks of %d tokens (%.1f MiB) on %s, %s, %d group(s)",
+            "KV cache: %d blocks of %d tokens, hash block %d tokens (%.1f MiB) on %s, %s, "
+            "%d group(s)",
             num_blocks,
+            self.block_size,
             block_size,
             num_blocks * self.bytes_per_block / 2**20,
             self.device,
@@ -160,13 +207,20 @@ class ModelRunner:
         self.kv_tensors = allocate_kv_caches(
             self.config,
             num_blocks,
-            block_size,
+            self.block_size,
             self.dtype,
             self.device,
             num_tensors=self.layer_groups.group_size,
         )
-        self.kv_caches = [self.kv_tensors[slot] for slot in self.layer_groups.layer_slot]
-        """Per layer (K, V); layers in the same slot of different groups share tensors."""
+        kinds = self.config.layer_kinds or ["attention"] * self.config.num_layers
+        self.kv_caches = [
+            state_views(*self.kv_tensors[slot], self.config)
+            if kind == "mamba"
+            else self.kv_tensors[slot]
+            for slot, kind in zip(self.layer_groups.layer_slot, kinds, strict=True)
+        ]
+        """Per layer (K, V), or (conv, ssm) state pages of a Mamba layer; layers in the
+        same slot of different groups share tensors."""
         self.eos_token_ids: set[int] = set(self.config.eos_token_ids)
         self.max_model_len: int = self.config.max_position_embeddings
         self.vocab_size: int = self.config.vocab_size
@@ -179,8 +233,15 @@ class ModelRunner:
         """The checkpoint's tokenizer (transformers, offline), loaded on first use."""
         return load_tokenizer(self.model_dir)
 
-    def execute(self, chunks: list[SeqChunk]) -> list[int | None]:
-        """Run one step; the sampled token of each chunk (None where sample=False)."""
+    def execute(
+        self, chunks: list[SeqChunk], copies: list[CopyOp] | None = None
+    ) -> list[int | None]:
+        """Run one step; the sampled token of each chunk (None where sample=False).
+
+        `copies` (copy-on-write of partially hit blocks) are done first.
+        """
+        if copies:
+            self._copy(copies)
         if not chunks:
             return []
         input_ids: list[int] = []
@@ -194,7 +255,9 @@ class ModelRunner:
             spans.append((chunk.start_pos, num, chunk.skip_write_until))
         device = self.device
         group_metas = [
-            AttentionMetadata.build(
+            self._state_metadata(chunks, g)
+            if isinstance(spec, MambaStateSpec)
+            else AttentionMetadata.build(
                 [
                     (start, num, chunk.block_tables[g], skip)
                     for (start, num, skip), chunk in zip(spans, chunks, strict=True)
@@ -227,6 +290,32 @@ class ModelRunner:
             logits = self.model.compute_logits(hidden[rows])
             tokens = iter(sample(logits, params, generators, banned))
         return [next(tokens) if chunk.sample else None for chunk in chunks]
+
+    def _state_metadata(self, chunks: list[SeqChunk], group: int) -> Any:
+        """Where each chunk's state comes from and goes, for one state group."""
+        from kvserve.model.mamba2 import StateMetadata, StateSegment
+
+        segments = []
+        row = 0
+        for chunk in chunks:
+            plan = chunk.state_plans[group]  # type: ignore[index]
+            num = len(chunk.token_ids)
+            segments.append(
+                StateSegment(row, num, plan.state_in, plan.state_out, list(plan.snapshots))
+            )
+            row += num
+        return StateMetadata(segments)
+
+    def _copy(self, copies: list[CopyOp]) -> None:
+        """Copy-on-write: K/V slots of a cached block into a request's own block."""
+        with torch.inference_mode():
+            for op in copies:
+                src = slice(op.src_offset, op.src_offset + op.num_tokens)
+                dst = slice(op.dst_offset, op.dst_offset + op.num_tokens)
+                # A group's blocks are the same ids in every slot's tensors (its layers).
+                for k, v in self.kv_tensors:
+                    k[op.dst_block, dst] = k[op.src_block, src]
+                    v[op.dst_block, dst] = v[op.src_block, src]
 
     def free_request(self, request_id: str) -> None:
         """Forget a finished or aborted request's generator."""
@@ -275,7 +364,22 @@ class ModelRunner:
                 f"request {chunk.request_id}: {len(chunk.block_tables)} block tables for "
                 f"{len(self.kv_cache_specs)} KV cache groups"
             )
-        for table in chunk.block_tables:
+        if self.state_groups:
+            plans = chunk.state_plans
+            if plans is None or len(plans) != len(self.kv_cache_specs):
+                raise ValueError(f"request {chunk.request_id}: state groups need state plans")
+            for g in self.state_groups:
+                plan = plans[g]
+                if plan is None or not plan.state_out:
+                    raise ValueError(f"request {chunk.request_id}: group {g} has no state page")
+                pages = [plan.state_in, plan.state_out, *(p for _, p in plan.snapshots)]
+                if any(p < 0 or p >= self.num_blocks for p in pages):
+                    raise ValueError(
+                        f"request {chunk.request_id}: state pages must be in [0, {self.num_blocks})"
+                    )
+        for g, table in enumerate(chunk.block_tables):
+            if g in self.state_groups:
+                continue
             if len(table) * self.block_size < end:
                 raise ValueError(
                     f"request {chunk.request_id}: block table of {len(table)} blocks "

@@ -9,10 +9,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kvserve.engine.content_tracker import ContentTracker
+from kvserve.engine.content_tracker import ContentTracker, group_ratios
 from kvserve.engine.model_free_runner import ModelFreeRunner
 from kvserve.engine.request import Request
 from kvserve.engine.scheduler import Scheduler, SchedulerConfig
+from kvserve.kvcache.grouping import inflate_for_state
 from kvserve.kvcache.invariants import check_invariants
 from kvserve.kvcache.manager import KVCacheConfig, KVCacheManager
 from kvserve.kvcache.specs import spec_from_name
@@ -46,10 +47,14 @@ class SimConfig:
 MODEL_SPECS: dict[str, tuple[str, ...]] = {
     "full": ("full",),
     "gemma3-like": ("full", "sliding:1024", "sliding:1024"),
+    "mamba-hybrid-like": ("full", "mamba:4", "mamba:4", "mamba:4"),
 }
 """Group layouts `simulate --model-spec` knows: the hybrid coordinator without torch.
 gemma3-like: Gemma 3's interleaved global and local (1024-token window) layers,
-grouped as one full-attention group and two sliding-window groups."""
+grouped as one full-attention group and two sliding-window groups.
+mamba-hybrid-like: a Bamba-style model, one attention group and three Mamba2
+state groups whose state page is 4 hash blocks of K/V, so attention blocks are
+inflated to 4 hash blocks and state snapshots are taken every 4."""
 
 
 def ample_blocks(workload: Workload, block_size: int, num_groups: int = 1) -> int:
@@ -74,7 +79,7 @@ def simulate(
         KVCacheConfig(
             num_blocks=num_blocks,
             block_size=config.block_size,
-            specs=[spec_from_name(g, config.block_size) for g in config.groups],
+            specs=inflate_for_state([spec_from_name(g, config.block_size) for g in config.groups]),
             enable_prefix_caching=config.enable_prefix_caching,
             hash_fn=config.hash_fn,
             hash_seed=config.hash_seed,
@@ -125,7 +130,7 @@ def _run(
 ) -> dict:
     """The simulation loop; each step runs under the events lock (snapshots see whole steps)."""
     step_lock = kv_events.lock if kv_events is not None else contextlib.nullcontext()
-    tracker = ContentTracker(config.block_size)
+    tracker = ContentTracker(config.block_size, group_ratios(manager))
     arrivals: list[tuple[int, int, SimRequest]] = []
     order = 0
     for sim_req in workload.requests:

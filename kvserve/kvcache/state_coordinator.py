@@ -1,0 +1,231 @@
+"""Lookup and allocation for models with state (Mamba) groups.
+
+Attention blocks are inflated (kvcache.grouping.inflate_for_state), so hits
+are found per hash block and may end inside a physical block (copy-on-write);
+state groups accept a hit only where a computed snapshot exists. The hit
+length is the fixed point over all groups: each may only shorten it. A hit
+is looked up only at admission: a state cannot jump ahead in the middle of a
+prefill, and a preempted request is looked up again when re-admitted.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kvserve.kvcache.block import KVBlock
+from kvserve.kvcache.inflated_group import CopyOp, InflatedAttentionGroup
+from kvserve.kvcache.sequence import CacheSequence
+from kvserve.kvcache.state_group import MambaStateGroup, StatePlan
+
+if TYPE_CHECKING:
+    from kvserve.kvcache.manager import KVCacheManager, PrefixHit
+
+
+class StateCoordinator:
+    """The manager's hybrid path: per-hash-block hits, copies, snapshots, two phases."""
+
+    def __init__(self, manager: KVCacheManager) -> None:
+        self.manager = manager
+        self.pool = manager.pool
+        self.hash_block_size = manager.block_size
+        self.groups = manager.groups
+        self.attention = [g for g in self.groups if isinstance(g, InflatedAttentionGroup)]
+        self.states = [g for g in self.groups if isinstance(g, MambaStateGroup)]
+        self.anchor = self.attention[0]
+        self.copies: list[CopyOp] = []
+        self._transient_seqs: list[CacheSequence] = []
+
+    def lookup(self, seq: CacheSequence, num_computed_tokens: int) -> PrefixHit:
+        """Longest usable hit at admission; `wait` when one step's wait would give more."""
+        from kvserve.kvcache.manager import PrefixHit
+
+        manager = self.manager
+        hb = self.hash_block_size
+        # The last token is always computed, and a state can only resume before it.
+        candidate = (len(seq.token_ids) - 1) // hb
+        if num_computed_tokens or not manager.enable_caching or candidate <= 0:
+            return manager._empty_hit
+        if len(seq.block_hashes) < candidate:
+            manager._hash(seq)
+        anchors = self.anchor.find_entries(seq, candidate)
+        found = {self.anchor.group_id: anchors}
+        candidate = len(anchors)
+        for group in self.attention[1:]:
+            found[group.group_id] = group.find_entries(seq, candidate)
+        wait = False
+        stable = False
+        while candidate and not stable:
+            stable = True
+            for group in self.groups:
+                if isinstance(group, InflatedAttentionGroup):
+                    c, w = group.usable(found[group.group_id], candidate)
+                else:
+                    c, w = group.usable(seq, candidate, anchors)
+                wait = wait or w
+                if c < candidate:
+                    candidate = c
+                    stable = False
+        if not candidate:
+            return (
+                PrefixHit([[] for _ in self.groups], 0, wait=wait) if wait else manager._empty_hit
+            )
+        blocks: list[list[KVBlock | None]] = []
+        sources: list[list] = []
+        for group in self.groups:
+            if isinstance(group, InflatedAttentionGroup):
+                entries = found[group.group_id][:candidate]
+                blocks.append(group.hit_blocks(entries, candidate))
+                sources.append(entries)
+            else:
+                blocks.append([])
+                sources.append([group.hit_page(seq, candidate)])
+        return PrefixHit(blocks, candidate * hb, sources=sources, wait=wait)  # type: ignore[arg-type]
+
+    def allocate(
+        self,
+        seq: CacheSequence,
+        num_new_tokens: int,
+        num_computed_tokens: int,
+        hit: PrefixHit | None,
+        num_lookahead_tokens: int,
+        num_external_tokens: int,
+    ) -> bool:
+        """Two phases, all or nothing: take every group's hits, then every new block."""
+        manager = self.manager
+        pool = self.pool
+        hb = self.hash_block_size
+        chunk_start = num_computed_tokens + num_external_tokens
+        end = chunk_start + num_new_tokens
+        total = end + num_lookahead_tokens
+        if hit is not None and not hit.num_tokens:
+            hit = None
+        needs = []
+        touched: dict[int, KVBlock] = {}
+        for group in self.groups:
+            gid = group.group_id
+            hit_blocks = hit.blocks[gid] if hit is not None else []
+            shared = [b for b in hit_blocks if b is not None]
+            needs.append(max(0, group.num_new_blocks(seq, total, len(shared))))
+            if hit is None:
+                continue
+            for b in shared:
+                touched[b.block_id] = b
+            if isinstance(group, MambaStateGroup):
+                page = hit.sources[gid][0]  # type: ignore[index]
+                touched[page.block_id] = page
+            else:
+                for m, b in enumerate(hit_blocks):
+                    if b is None:
+                        for entry in hit.sources[gid][m * group.k : (m + 1) * group.k]:  # type: ignore[index]
+                            touched[entry.block.block_id] = entry.block
+        reclaimed = sum(1 for b in touched.values() if b.ref_cnt == 0)
+        if sum(needs) > pool.num_free - reclaimed:
+            return False
+        # Phase 1: every group's hit (shared blocks, copy sources, the snapshot to
+        # resume from) is referenced before any block is taken, so nothing taken
+        # below can evict another group's hit (vLLM #44409).
+        if hit is not None:
+            for group in self.groups:
+                shared = [b for b in hit.blocks[group.group_id] if b is not None]
+                pool.touch(shared)
+            sources = [
+                b
+                for b in touched.values()
+                if not any(b in h for h in hit.blocks)  # type: ignore[operator]
+            ]
+            pool.touch(sources)
+            seq.transient.extend(sources)
+            for group in self.states:
+                group.touch_hit(hit.sources[group.group_id][0])  # type: ignore[index]
+        # Phase 2: copy-on-write targets and new blocks for every group.
+        for group, n in zip(self.groups, needs, strict=True):
+            table = seq.kv_blocks[group.group_id]
+            if hit is not None and isinstance(group, InflatedAttentionGroup):
+                entries = hit.sources[group.group_id]  # type: ignore[index]
+                c = hit.num_tokens // hb
+                for m, b in enumerate(hit.blocks[group.group_id]):
+                    if b is None:
+                        b = pool.take(1)[0]
+                        self.copies.extend(group.copies(entries, c, m, b))
+                        n -= 1
+                    table.append(b)
+            if n > 0:
+                table.extend(pool.take(n))
+        stats = manager.stats
+        if hit is not None:
+            seq.num_cached_blocks = hit.num_tokens // hb
+            stats.hit_tokens += hit.num_tokens
+        used = pool.num_used
+        if used > stats.peak_blocks_used:
+            stats.peak_blocks_used = used
+        caching = manager.enable_caching and not seq.cache_chain_broken
+        if caching:
+            full = end // hb
+            if len(seq.block_hashes) < full:
+                manager._hash(seq)
+            start = seq.num_cached_blocks
+            if full > start:
+                had_merges = bool(seq.merges)
+                for group in self.attention:
+                    group.cache_full_blocks(seq, start, full)
+                seq.num_cached_blocks = full
+                if seq.merges and not had_merges:
+                    manager._merging.append(seq)
+        self._plan_states(seq, hit, chunk_start, end, caching and not seq.cache_chain_broken)
+        if seq.transient and seq not in self._transient_seqs:
+            self._transient_seqs.append(seq)
+        return True
+
+    def _plan_states(
+        self, seq: CacheSequence, hit: PrefixHit | None, start: int, end: int, snapshot: bool
+    ) -> None:
+        """Each state group's plan for the runner, taking snapshot pages where due."""
+        if not seq.state_plans:
+            seq.state_plans = [None] * len(self.groups)
+        pool = self.pool
+        hb = self.hash_block_size
+        reserve = len(self.groups)
+        for group in self.states:
+            gid = group.group_id
+            running = seq.kv_blocks[gid][0]
+            if hit is not None:
+                state_in = hit.sources[gid][0].block_id  # type: ignore[index]
+            else:
+                state_in = running.block_id if start else 0
+            plan = StatePlan(state_in, running.block_id)
+            if snapshot:
+                for p in group.snapshot_positions(seq, start, end):
+                    anchor = self.anchor.entry_at(seq, p // hb - 1)
+                    if anchor is None:
+                        continue
+                    if pool.num_free <= reserve or not group.make_room():
+                        break
+                    page = pool.take(1)[0]
+                    seq.transient.append(page)
+                    group.register_snapshot(seq, p, page, anchor)
+                    plan.snapshots.append((p - start, page.block_id))
+            seq.state_plans[gid] = plan
+
+    def take_copies(self) -> list[CopyOp]:
+        """This step's copy-on-write operations (the runner does them before the forward)."""
+        copies = self.copies
+        self.copies = []
+        return copies
+
+    def end_step(self) -> None:
+        """Release what was held for the step only."""
+        release = self.pool.release
+        for seq in self._transient_seqs:
+            release(reversed(seq.transient))
+            seq.transient.clear()
+        self._transient_seqs.clear()
+        self.copies.clear()
+
+    def forget(self, seq: CacheSequence) -> None:
+        """`seq` is being freed: release its step-only blocks too."""
+        if seq.transient:
+            self.pool.release(reversed(seq.transient))
+            seq.transient.clear()
+            if seq in self._transient_seqs:
+                self._transient_seqs.remove(seq)
+        seq.state_plans = []

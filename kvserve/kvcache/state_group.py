@@ -1,0 +1,167 @@
+"""Mamba-style state groups: one running state per request plus cached snapshots.
+
+A recurrent layer's state after token t summarises everything before it, so
+there is nothing per token to share: a prefix hit must resume from a
+snapshot of the state at exactly that position. Snapshots are taken when an
+attention block fills (every `block_size` tokens, vLLM's "align" mode) and at
+the last hash-block boundary of each prompt, so a repeated or extended
+prompt (the next chat turn) resumes from it even when it is shorter than one
+physical block. Snapshot pages live in the shared pool like any cached block
+(evictable, LRU) but their number is bounded by a share of the pool.
+
+A request's table in this group is one page: its running state. Pages used
+only during one step (the snapshot a hit resumes from, snapshots being
+written) are held as the request's `transient` blocks and released when the
+step ends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvserve.kvcache.block import KVBlock
+from kvserve.kvcache.block_pool import BlockPool
+from kvserve.kvcache.cache_entry import CacheEntry
+from kvserve.kvcache.sequence import CacheSequence
+from kvserve.kvcache.specs import MambaStateSpec
+
+
+@dataclass(slots=True)
+class StatePlan:
+    """What the runner does with one request's state in one step, for one group.
+
+    Read the state from page `state_in` (0: start from zeros), run the chunk,
+    write the final state to `state_out`, and after the first k tokens of the
+    chunk also write the state to page p for each (k, p) in `snapshots`.
+    """
+
+    state_in: int
+    state_out: int
+    snapshots: list[tuple[int, int]] = field(default_factory=list)
+
+
+class MambaStateGroup:
+    """Per request: a running-state page; in the index: snapshot pages by hash."""
+
+    __slots__ = (
+        "block_size",
+        "group_id",
+        "hash_block_size",
+        "index",
+        "max_snapshots",
+        "pool",
+        "spec",
+        "verify",
+    )
+
+    kind = "mamba"
+
+    def __init__(
+        self,
+        group_id: int,
+        spec: MambaStateSpec,
+        pool: BlockPool,
+        verify: bool,
+        hash_block_size: int,
+        max_snapshots: int,
+    ) -> None:
+        self.group_id = group_id
+        self.spec = spec
+        self.block_size = spec.block_size
+        self.hash_block_size = hash_block_size
+        self.pool = pool
+        self.index = pool.index[group_id]
+        self.verify = verify
+        self.max_snapshots = max_snapshots
+
+    def _verified(self, seq: CacheSequence, c: int, anchors: list[CacheEntry]) -> KVBlock | None:
+        """The snapshot after hash block c-1 of `seq`, if it is really this prefix's."""
+        page = self.index.get(seq.block_hashes[c - 1])
+        if page is None or not self.verify:
+            return page
+        hb = self.hash_block_size
+        i = c - 1
+        if (
+            page.parent_cache_id != anchors[i].cache_id
+            or page.token_ids != seq.token_ids[i * hb : (i + 1) * hb]
+            or page.extra != (seq.extra_keys[1] if i else seq.extra_keys[0])
+        ):
+            return None
+        return page
+
+    def usable(
+        self, seq: CacheSequence, candidate: int, anchors: list[CacheEntry]
+    ) -> tuple[int, bool]:
+        """Largest c <= candidate with a computed snapshot, and whether waiting helps.
+
+        A snapshot written in this very step cannot be read before the step
+        runs (DESIGN invariant 8): the request waits one step instead.
+        """
+        wait = False
+        for c in range(min(candidate, len(anchors)), 0, -1):
+            page = self._verified(seq, c, anchors)
+            if page is None:
+                continue
+            if page.computed:
+                return c, wait
+            wait = True
+        return 0, wait
+
+    def hit_page(self, seq: CacheSequence, c: int) -> KVBlock:
+        return self.index[seq.block_hashes[c - 1]]
+
+    def num_new_blocks(self, seq: CacheSequence, num_tokens: int, num_hit: int) -> int:
+        """A running-state page, once."""
+        return 0 if seq.kv_blocks[self.group_id] else 1
+
+    def snapshot_positions(self, seq: CacheSequence, start: int, end: int) -> list[int]:
+        """Positions in (start, end] after which to keep the state, not yet snapshotted.
+
+        Physical-block fills, plus the prompt's last hash-block boundary (the
+        longest prefix a repeat of this prompt can resume from, since its last
+        token is always recomputed).
+        """
+        bs = self.block_size
+        hb = self.hash_block_size
+        positions = list(range((start // bs + 1) * bs, end + 1, bs))
+        last = (len(seq.token_ids) - 1) // hb * hb
+        if start < last <= end and last % bs:
+            positions.append(last)
+            positions.sort()
+        hashes = seq.block_hashes
+        index = self.index
+        return [p for p in positions if p // hb <= len(hashes) and hashes[p // hb - 1] not in index]
+
+    def make_room(self) -> bool:
+        """Keep snapshots within their share: drop the least recently cached free one."""
+        index = self.index
+        if len(index) < self.max_snapshots:
+            return True
+        for page in index.values():  # insertion order: oldest first
+            if page.ref_cnt == 0 and page.computed:
+                self.pool.uncache(page)
+                return True
+        return False
+
+    def register_snapshot(
+        self, seq: CacheSequence, position: int, page: KVBlock, anchor: CacheEntry
+    ) -> None:
+        hb = self.hash_block_size
+        i = position // hb - 1
+        self.pool.register(
+            self.group_id,
+            page,
+            seq.block_hashes[i],
+            seq.token_ids[i * hb : (i + 1) * hb],
+            seq.extra_keys[1] if i else seq.extra_keys[0],
+            anchor.cache_id,
+            False,
+        )
+        events = self.pool.events
+        if events is not None:
+            events.stored(self.group_id, seq, i, seq.token_ids[i * hb : (i + 1) * hb])
+
+    def touch_hit(self, page: KVBlock) -> None:
+        """A hit moves its snapshot to the young end of the share (LRU)."""
+        index = self.index
+        index[page.block_hash] = index.pop(page.block_hash)  # type: ignore[index,arg-type]
