@@ -93,6 +93,24 @@ HYBRID_ARCHS = {
         ),
         {},
     ),
+    # Bamba: Mamba2 mixers with attention at layer 1 (partial rotary). Two B/C groups
+    # and a scan chunk of 8 tokens, so prompts cross chunks and heads read their group.
+    "bamba": (
+        transformers.BambaConfig,
+        transformers.BambaForCausalLM,
+        dict(
+            num_hidden_layers=4,
+            attn_layer_indices=[1],
+            mamba_n_heads=8,
+            mamba_d_head=16,
+            mamba_d_state=16,
+            mamba_n_groups=2,
+            mamba_d_conv=4,
+            mamba_chunk_size=8,
+            mamba_proj_bias=True,
+        ),
+        {},
+    ),
 }
 
 
@@ -103,10 +121,13 @@ def build_checkpoint(arch: str, path: os.PathLike) -> transformers.PreTrainedMod
     model = model_cls(config).eval()
     if arch in HYBRID_ARCHS:
         # Gemma norms start at zero (scale 1 + w): random ones test the (1 + w) scaling.
+        # Bamba's per-head dt_bias, A_log and D start regular: random ones test their use.
         with torch.no_grad():
             for name, param in model.named_parameters():
                 if "norm" in name:
                     param.normal_(0.0, 0.5)
+                elif name.endswith(("dt_bias", "A_log", ".D")):
+                    param.add_(torch.randn_like(param) * 0.5)
     model.save_pretrained(path, **save_kwargs)
     return model
 
@@ -149,6 +170,12 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Checkpoin
 def gemma3_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Checkpoint:
     path = tmp_path_factory.mktemp("checkpoints") / "gemma3"
     return Checkpoint("gemma3", str(path), build_checkpoint("gemma3", path))
+
+
+@pytest.fixture(scope="session")
+def bamba_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Checkpoint:
+    path = tmp_path_factory.mktemp("checkpoints") / "bamba"
+    return Checkpoint("bamba", str(path), build_checkpoint("bamba", path))
 
 
 @pytest.fixture(params=sorted(ARCHS))

@@ -186,7 +186,15 @@ class InflatedAttentionGroup:
         k = self.k
         first_extra, other_extra = seq.extra_keys
         events = pool.events
-        parent = index[hashes[start - 1]].cache_id if start else ROOT_CACHE_ID
+        parent = ROOT_CACHE_ID
+        if start:
+            # Our hash block start-1 may be indexed in another request's block that
+            # has been evicted meanwhile: then nothing after it can be chained.
+            previous = index.get(hashes[start - 1])
+            if previous is None:
+                seq.cache_chain_broken = True
+                return
+            parent = previous.cache_id
         for i in range(start, end):
             block_hash = hashes[i]
             block_tokens = tokens[i * hb : (i + 1) * hb]

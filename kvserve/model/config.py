@@ -10,6 +10,7 @@ and never touches a model hub.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,11 @@ TIED_BY_DEFAULT = ("Gemma3ForCausalLM",)
 """Architectures whose config class defaults tie_word_embeddings to True."""
 ACTIVATIONS = {"Gemma3ForCausalLM": ("gelu_pytorch_tanh",)}
 """Per architecture, the MLP activations it runs (default: 'silu' only)."""
+MAMBA_HYBRID_ARCHITECTURES = ("BambaForCausalLM",)
+"""Architectures whose layers are Mamba2 mixers or attention (`attn_layer_indices`)."""
+DEFAULT_RMS_NORM_EPS = {"BambaForCausalLM": 1e-5}
+"""Per architecture, rms_norm_eps when config.json omits it (default 1e-6)."""
+LAYER_KINDS = ("attention", "mamba")
 
 
 @dataclass(slots=True)
@@ -35,6 +41,31 @@ class RopeConfig:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+
+
+@dataclass(frozen=True, slots=True)
+class MambaConfig:
+    """The shape of a Mamba2 mixer (Bamba's `mamba_*` fields)."""
+
+    num_heads: int
+    head_dim: int
+    num_groups: int
+    """B and C are shared by num_heads / num_groups consecutive heads."""
+    state_size: int
+    conv_kernel: int
+    intermediate_size: int
+    """expand * hidden_size == num_heads * head_dim: the x (and gate) width."""
+    chunk_size: int
+    """Tokens per chunk of the chunked (SSD) scan."""
+    conv_bias: bool = True
+    proj_bias: bool = False
+    time_step_limit: tuple[float, float] = (0.0, math.inf)
+    """dt is clamped into this range after softplus."""
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the causal conv: x, B and C together."""
+        return self.intermediate_size + 2 * self.num_groups * self.state_size
 
 
 @dataclass(slots=True)
@@ -62,8 +93,20 @@ class ModelConfig:
     layer_windows: list[int | None] = field(default_factory=list)
     """Per layer: its sliding window in tokens (keys p-W+1..p), None for full attention.
     Empty means every layer attends to the full context."""
+    layer_kinds: list[str] = field(default_factory=list)
+    """Per layer: 'attention' or 'mamba' (one of LAYER_KINDS); filled by from_dict for every
+    architecture (all 'attention' except in the Mamba2 hybrids)."""
+    mamba: MambaConfig | None = None
+    """The Mamba2 mixer shape of a hybrid (None when no layer is 'mamba')."""
+    partial_rotary_factor: float = 1.0
+    """Share of each attention head that is rotated (Bamba: 0.5); see `rotary_dim`."""
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
     """The whole config.json, for architecture-specific fields."""
+
+    @property
+    def rotary_dim(self) -> int:
+        """Leading dims of each head that the rotary embedding rotates (the rest pass)."""
+        return int(self.head_dim * self.partial_rotary_factor)
 
     @classmethod
     def from_dict(
@@ -90,6 +133,13 @@ class ModelConfig:
         else:
             _reject_sliding_window(raw)
             layer_windows = []
+        layer_kinds = ["attention"] * num_layers
+        mamba = None
+        partial = 1.0
+        if arch in MAMBA_HYBRID_ARCHITECTURES:
+            layer_kinds = _hybrid_layer_kinds(raw, num_layers)
+            mamba = _mamba_config(raw, hidden)
+            partial = _partial_rotary_factor(raw, head_dim)
         eos = _token_ids((generation or {}).get("eos_token_id"))
         if not eos:
             eos = _token_ids(raw.get("eos_token_id"))
@@ -102,9 +152,9 @@ class ModelConfig:
             num_heads=heads,
             num_kv_heads=kv_heads,
             head_dim=head_dim,
-            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            rms_norm_eps=float(raw.get("rms_norm_eps", DEFAULT_RMS_NORM_EPS.get(arch, 1e-6))),
             max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
-            rope=_rope_config(raw),
+            rope=_rope_config(raw, allow_partial=partial != 1.0),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", arch in TIED_BY_DEFAULT)),
             attention_bias=bool(raw.get("attention_bias", False)),
             mlp_bias=bool(raw.get("mlp_bias", False)),
@@ -113,6 +163,9 @@ class ModelConfig:
             checkpoint_dtype=raw.get("torch_dtype") or raw.get("dtype"),
             hidden_act=act,
             layer_windows=layer_windows,
+            layer_kinds=layer_kinds,
+            mamba=mamba,
+            partial_rotary_factor=partial,
             raw=raw,
         )
 
@@ -204,8 +257,12 @@ def _layer_windows(raw: dict[str, Any], num_layers: int) -> list[int | None]:
     return [window if t == "sliding_attention" else None for t in types]
 
 
-def _rope_config(raw: dict[str, Any]) -> RopeConfig:
-    """Accept both `rope_parameters` (transformers 5) and `rope_theta` + `rope_scaling`."""
+def _rope_config(raw: dict[str, Any], allow_partial: bool = False) -> RopeConfig:
+    """Accept both `rope_parameters` (transformers 5) and `rope_theta` + `rope_scaling`.
+
+    A partial rotary factor is refused unless the architecture applies it (`allow_partial`):
+    the factor itself is then read by `_partial_rotary_factor`.
+    """
     params = raw.get("rope_parameters") or {}
     scaling = raw.get("rope_scaling") or {}
     merged = {**scaling, **params}
@@ -215,7 +272,7 @@ def _rope_config(raw: dict[str, Any]) -> RopeConfig:
         raise ModelLoadError(
             f"rope scaling type {kind!r} is not supported; supported: {SUPPORTED_ROPE_TYPES}"
         )
-    if float(merged.get("partial_rotary_factor", 1.0)) != 1.0:
+    if not allow_partial and float(merged.get("partial_rotary_factor", 1.0)) != 1.0:
         raise ModelLoadError("partial_rotary_factor != 1 is not supported")
     rope = RopeConfig(theta=theta, scaling_type=kind)
     if kind == "default":
@@ -232,3 +289,89 @@ def _rope_config(raw: dict[str, Any]) -> RopeConfig:
     except KeyError as exc:
         raise ModelLoadError(f"rope scaling {kind!r} lacks the parameter {exc.args[0]!r}") from None
     return rope
+
+
+BAMBA_PARTIAL_ROTARY_FACTOR = 0.5
+"""transformers' BambaConfig forces this whatever a top-level `partial_rotary_factor` says;
+only an explicit `rope_parameters` (or `rope_scaling`) entry overrides it."""
+
+
+def _partial_rotary_factor(raw: dict[str, Any], head_dim: int) -> float:
+    """Bamba's factor, read the way transformers reads it (see BAMBA_PARTIAL_ROTARY_FACTOR)."""
+    merged = {**(raw.get("rope_scaling") or {}), **(raw.get("rope_parameters") or {})}
+    factor = float(merged.get("partial_rotary_factor", BAMBA_PARTIAL_ROTARY_FACTOR))
+    rotary = int(head_dim * factor)
+    if not 0.0 < factor <= 1.0 or rotary < 2 or rotary % 2:
+        raise ModelLoadError(
+            f"partial_rotary_factor {factor} of head_dim {head_dim} must rotate an even, "
+            f"positive number of dims (got {rotary})"
+        )
+    return factor
+
+
+def _hybrid_layer_kinds(raw: dict[str, Any], num_layers: int) -> list[str]:
+    """'attention' at `attn_layer_indices` (null or absent: none, as in transformers), else
+    'mamba'."""
+    indices = raw.get("attn_layer_indices") or []
+    if not isinstance(indices, list) or not all(isinstance(i, int) for i in indices):
+        raise ModelLoadError(f"attn_layer_indices must be a list of ints, got {indices!r}")
+    outside = [i for i in indices if not 0 <= i < num_layers]
+    if outside:
+        raise ModelLoadError(
+            f"attn_layer_indices {outside} are outside the {num_layers} layers (0-based)"
+        )
+    return ["attention" if i in indices else "mamba" for i in range(num_layers)]
+
+
+def _mamba_config(raw: dict[str, Any], hidden: int) -> MambaConfig:
+    """The Mamba2 mixer shape; the fields that size the state are required."""
+    heads = _required(raw, "mamba_n_heads")
+    groups = _required(raw, "mamba_n_groups")
+    state = _required(raw, "mamba_d_state")
+    kernel = _required(raw, "mamba_d_conv")
+    expand = _required(raw, "mamba_expand")
+    chunk = _required(raw, "mamba_chunk_size")
+    intermediate = expand * hidden
+    head_dim = raw.get("mamba_d_head", "auto")
+    if head_dim in ("auto", None):
+        head_dim = intermediate // heads
+    if not isinstance(head_dim, int) or head_dim * heads != intermediate:
+        raise ModelLoadError(
+            f"mamba_n_heads ({heads}) * mamba_d_head ({head_dim}) must equal "
+            f"mamba_expand * hidden_size ({intermediate})"
+        )
+    if heads % groups:
+        raise ModelLoadError(f"mamba_n_heads ({heads}) must be a multiple of mamba_n_groups")
+    return MambaConfig(
+        num_heads=heads,
+        head_dim=head_dim,
+        num_groups=groups,
+        state_size=state,
+        conv_kernel=kernel,
+        intermediate_size=intermediate,
+        chunk_size=chunk,
+        conv_bias=bool(raw.get("mamba_conv_bias", True)),
+        proj_bias=bool(raw.get("mamba_proj_bias", False)),
+        time_step_limit=_time_step_limit(raw.get("time_step_limit")),
+    )
+
+
+def _time_step_limit(value: Any) -> tuple[float, float]:
+    """(low, high); transformers saves infinity as {"__float__": "Infinity"}."""
+    if value is None:
+        return (0.0, math.inf)
+    try:
+        low, high = (_json_float(v) for v in value)
+    except (TypeError, ValueError):
+        raise ModelLoadError(f"time_step_limit must be [low, high], got {value!r}") from None
+    if not low <= high:
+        raise ModelLoadError(f"time_step_limit must have low <= high, got {value!r}")
+    return (low, high)
+
+
+def _json_float(value: Any) -> float:
+    if isinstance(value, dict) and "__float__" in value:
+        value = value["__float__"]
+    if isinstance(value, bool):
+        raise TypeError(value)
+    return float(value)

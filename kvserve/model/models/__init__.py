@@ -1,6 +1,7 @@
 """Registry: the `architectures[0]` of a config.json -> the class that runs it."""
 
 from kvserve.model.errors import ModelLoadError
+from kvserve.model.models.bamba import BambaForCausalLM
 from kvserve.model.models.decoder import DecoderForCausalLM
 from kvserve.model.models.gemma3 import Gemma3ForCausalLM
 from kvserve.model.models.llama import LlamaForCausalLM
@@ -8,6 +9,7 @@ from kvserve.model.models.qwen2 import Qwen2ForCausalLM
 from kvserve.model.models.qwen3 import Qwen3ForCausalLM
 
 MODEL_REGISTRY: dict[str, type[DecoderForCausalLM]] = {
+    "BambaForCausalLM": BambaForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
@@ -28,6 +30,7 @@ def model_class(architecture: str) -> type[DecoderForCausalLM]:
 
 __all__ = [
     "MODEL_REGISTRY",
+    "BambaForCausalLM",
     "DecoderForCausalLM",
     "Gemma3ForCausalLM",
     "LlamaForCausalLM",
