@@ -69,11 +69,29 @@ def test_cli_help_lists_every_subcommand():
     assert "generate" in out and "simulate" in out
 
 
-def test_generate_with_a_gemma3_checkpoint(tmp_path):
-    """`kvserve generate --model DIR` on a Gemma 3 checkpoint (sliding-window groups)."""
+def _generate_matches_transformers(model, tmp_path, name):
+    """`kvserve generate --model DIR` on `model` saved with the demo tokenizer: same text."""
     from kvserve.model.demo import ensure_demo_model
 
     demo = ensure_demo_model(cache_dir=tmp_path / "demo")
+    path = tmp_path / name
+    model.save_pretrained(path)
+    for file in ("tokenizer.json", "tokenizer_config.json"):
+        (path / file).write_bytes((Path(demo) / file).read_bytes())
+    text = "The capital of France is Paris, and the capital of Italy is"
+    proc = run(["--model", str(path), "--prompt", text, "--max-tokens", "6"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+    ids = tokenizer(text, return_tensors="pt").input_ids
+    with torch.no_grad():
+        ref = model.generate(ids, do_sample=False, max_new_tokens=6, pad_token_id=0)
+    expected = tokenizer.decode(ref[0, ids.shape[1] :], skip_special_tokens=True)
+    first = proc.stdout.split("prompt: ")[1].splitlines()[1].strip()
+    assert ast.literal_eval(first.rsplit("  (", 1)[0]) == expected
+
+
+def test_generate_with_a_gemma3_checkpoint(tmp_path):
+    """`kvserve generate --model DIR` on a Gemma 3 checkpoint (sliding-window groups)."""
     torch.manual_seed(0)
     config = transformers.Gemma3TextConfig(
         vocab_size=2048,  # the demo tokenizer's
@@ -88,21 +106,28 @@ def test_generate_with_a_gemma3_checkpoint(tmp_path):
         max_position_embeddings=512,
         attn_implementation="eager",
     )
-    model = transformers.Gemma3ForCausalLM(config).eval()
-    path = tmp_path / "gemma3"
-    model.save_pretrained(path)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        (path / name).write_bytes((Path(demo) / name).read_bytes())
-    text = "The capital of France is Paris, and the capital of Italy is"
-    proc = run(["--model", str(path), "--prompt", text, "--max-tokens", "6"], tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
-    ids = tokenizer(text, return_tensors="pt").input_ids
-    with torch.no_grad():
-        ref = model.generate(ids, do_sample=False, max_new_tokens=6, pad_token_id=0)
-    expected = tokenizer.decode(ref[0, ids.shape[1] :], skip_special_tokens=True)
-    first = proc.stdout.split("prompt: ")[1].splitlines()[1].strip()
-    assert ast.literal_eval(first.rsplit("  (", 1)[0]) == expected
+    _generate_matches_transformers(transformers.Gemma3ForCausalLM(config).eval(), tmp_path, "g3")
+
+
+def test_generate_with_a_bamba_checkpoint(tmp_path):
+    """`kvserve generate --model DIR` on a Mamba2 hybrid (state groups, inflated blocks)."""
+    torch.manual_seed(0)
+    config = transformers.BambaConfig(
+        vocab_size=2048,  # the demo tokenizer's
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        attn_layer_indices=[2],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        mamba_n_heads=8,
+        mamba_d_head=16,
+        mamba_d_state=16,
+        mamba_n_groups=1,
+        mamba_chunk_size=8,
+        max_position_embeddings=512,
+    )
+    _generate_matches_transformers(transformers.BambaForCausalLM(config).eval(), tmp_path, "bamba")
 
 
 def test_kv_metadata_describes_the_engines_groups(gemma3_checkpoint, tmp_path):
