@@ -210,18 +210,16 @@ def _run_simulate(args: argparse.Namespace) -> int:
 
 
 def _bytes(value: str) -> int:
-    """'8GiB', '512MiB', '2G', '1000000' -> bytes."""
-    units = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-    text = value.strip().upper().removesuffix("B").removesuffix("I")
-    unit = text[-1] if text and text[-1] in units else ""
-    number = text[: len(text) - len(unit)]
+    """'8GiB', '512MiB', '1.5GB', '1000000' -> bytes (kvserve.offload.parse_size)."""
+    from kvserve.offload.options import parse_size
+
     try:
-        size = float(number) * units[unit]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a size: {value!r} (e.g. 2GiB, 512MiB)") from None
+        size = parse_size(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     if size <= 0:
         raise argparse.ArgumentTypeError(f"size must be positive, got {value!r}")
-    return int(size)
+    return size
 
 
 DEMO_SYSTEM = (
@@ -281,6 +279,12 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
         help="auto: float32 on the CPU, bfloat16 on CUDA",
     )
     e.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    e.add_argument(
+        "--offload",
+        metavar="TIERS",
+        help="external KV tiers below the pool, e.g. cpu:8GiB,disk:/path/to/dir:50GiB "
+        "(either alone); a disk tier persists across runs",
+    )
     _add_kv_events_option(e)
     e.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_run_generate)
@@ -319,6 +323,7 @@ def _run_generate(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         device=args.device,
         kv_events_config=args.kv_events_config,
+        offload=args.offload,
     )
     prompts = args.prompt or DEMO_PROMPTS
     try:
@@ -333,7 +338,9 @@ def _run_generate(args: argparse.Namespace) -> int:
             label = f"[{completion.index}] " if len(output.outputs) > 1 else ""
             print(f"  {label}{completion.text!r}  ({completion.finish_reason})")
     stats = llm.stats()
-    hit_total = stats["prefix_hit_tokens"] + stats["prefill_tokens_computed"]
+    hit_total = (
+        stats["prefix_hit_tokens"] + stats["external_hit_tokens"] + stats["prefill_tokens_computed"]
+    )
     prefill_s, decode_s = stats["prefill_step_seconds"], stats["decode_step_seconds"]
     print()
     print(f"requests: {len(outputs)}  completions: {len(outputs) * args.n}")
@@ -345,6 +352,13 @@ def _run_generate(args: argparse.Namespace) -> int:
     )
     rate = stats["prefix_hit_tokens"] / hit_total if hit_total else 0.0
     print(f"prefix cache: {stats['prefix_hit_tokens']} hit tokens ({rate:.1%} of prefill)")
+    if args.offload:
+        print(
+            f"offload: {stats['external_hit_tokens']} tokens loaded from the tiers "
+            f"({stats['offload_bytes_loaded'] / 2**20:.1f} MiB in "
+            f"{stats['offload_load_seconds']:.3f} s), "
+            f"{stats['offload_bytes_saved'] / 2**20:.1f} MiB saved"
+        )
     print(
         f"KV blocks: peak {stats['peak_blocks_used']} of {stats['num_kv_blocks']} "
         f"(block size {args.block_size}), duplicates {stats['duplicate_blocks_peak']}, "

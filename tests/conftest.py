@@ -114,6 +114,20 @@ HYBRID_ARCHS = {
 }
 
 
+# Three KV cache groups (one global layer first, two sliding ones): the smallest
+# model on which one group's allocation could evict another group's hit.
+HYBRID_ARCHS["gemma3-3groups"] = (
+    HYBRID_ARCHS["gemma3"][0],
+    HYBRID_ARCHS["gemma3"][1],
+    {
+        **HYBRID_ARCHS["gemma3"][2],
+        "num_hidden_layers": 3,
+        "layer_types": ["full_attention", "sliding_attention", "sliding_attention"],
+    },
+    {},
+)
+
+
 def build_checkpoint(arch: str, path: os.PathLike) -> transformers.PreTrainedModel:
     config_cls, model_cls, extra, save_kwargs = {**ARCHS, **HYBRID_ARCHS}[arch]
     torch.manual_seed(0)
@@ -170,6 +184,12 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Checkpoin
 def gemma3_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Checkpoint:
     path = tmp_path_factory.mktemp("checkpoints") / "gemma3"
     return Checkpoint("gemma3", str(path), build_checkpoint("gemma3", path))
+
+
+@pytest.fixture(scope="session")
+def gemma3_3groups_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Checkpoint:
+    path = tmp_path_factory.mktemp("checkpoints") / "gemma3-3groups"
+    return Checkpoint("gemma3-3groups", str(path), build_checkpoint("gemma3-3groups", path))
 
 
 @pytest.fixture(scope="session")

@@ -31,3 +31,5 @@ class EngineArgs:
     """CPU threads; default $OMP_NUM_THREADS, else all cores."""
     kv_events_config: Any = None
     """KVEventsConfig or its dict (vLLM's keys); None: no events."""
+    offload: str | None = None
+    """External KV tiers, e.g. "cpu:8GiB,disk:/path/to/dir:50GiB" (either alone); None: off."""

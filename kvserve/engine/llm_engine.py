@@ -84,6 +84,10 @@ class LLMEngine:
                 specs=self.runner.kv_cache_specs,
             )
         )
+        self.connector = None
+        """The external KV tiers (kvserve.offload); None when `offload` is not set."""
+        if args.offload:
+            self.connector = self._make_connector(args)
         self.scheduler = Scheduler(
             self.manager,
             SchedulerConfig(
@@ -92,6 +96,7 @@ class LLMEngine:
                 max_model_len=max_model_len,
             ),
             stop_fn=self._stop,
+            connector=self.connector,
         )
         self.stop_checker = StopChecker(self.tokenizer, self.runner.eos_token_ids)
         self.stats = EngineStats()
@@ -104,6 +109,33 @@ class LLMEngine:
             from kvserve.events.engine_events import make_engine_events
 
             self.kv_events = make_engine_events(self.manager, args.kv_events_config)
+            if self.kv_events is not None and self.connector is not None:
+                self.kv_events.watch_tiers(self.connector.store)
+
+    def _make_connector(self, args: EngineArgs) -> Any:
+        """Tiers from the `offload` string, keyed by this model's fingerprint."""
+        import atexit
+
+        from kvserve.model.kv_io import KVBlockIO, kv_fingerprint
+        from kvserve.offload.build import build_store
+        from kvserve.offload.connector import OffloadConnector
+
+        if not args.enable_prefix_caching:
+            raise ValueError("offload needs prefix caching (its keys are the block hashes)")
+        runner = self.runner
+        fingerprint = kv_fingerprint(
+            runner.model_dir,
+            runner.dtype,
+            runner.kv_cache_specs,
+            args.block_size,
+            args.hash_fn,
+            args.hash_seed,
+        )
+        store = build_store(args.offload, fingerprint)  # type: ignore[arg-type]
+        atexit.register(store.close)  # queued disk writes land before the process exits
+        layout = runner.layer_groups
+        self.block_io = KVBlockIO(runner.kv_tensors, layout.layer_group, layout.layer_slot)
+        return OffloadConnector(store, self.manager)
 
     # -- requests ---------------------------------------------------------------
 
@@ -211,12 +243,19 @@ class LLMEngine:
             return self.manager.reset_prefix_cache()
         with events.lock:
             done = self.manager.reset_prefix_cache()
+            if done and events.tiers is not None:
+                # AllBlocksCleared clears a subscriber's whole view: the tiers kept theirs.
+                events.sink.events.extend(events.tiers.snapshot())
             events.end_step()
         return done
 
     def shutdown(self) -> None:
-        """Stop the event publisher (sends what is queued first)."""
+        """Stop the event publisher (sends what is queued first); finish tier writes."""
+        if self.connector is not None:
+            self.connector.close()
         if self.kv_events is not None:
+            with self.kv_events.lock:
+                self.kv_events.end_step()  # the tiers' last writes
             self.kv_events.close()
             self.kv_events = None
 
@@ -269,7 +308,16 @@ class LLMEngine:
                     num_generated=req.num_output_tokens,
                 )
             )
+        connector = self.connector
+        if connector is not None:
+            connector.load(self.block_io)
         tokens = self.runner.execute(chunks, self.manager.take_copies())
+        if connector is not None:
+            for chunk in out.chunks:
+                req = chunk.request
+                snapshots = [p.snapshots for p in req.state_plans if p is not None]
+                end = chunk.start + chunk.num_tokens
+                connector.save(self.block_io, req, chunk.start, end, snapshots)
         return {
             c.request_id: token
             for c, token in zip(chunks, tokens, strict=True)
@@ -327,6 +375,20 @@ class LLMEngine:
             "evictions": self.manager.pool.num_evictions,
             "prefill_step_seconds": self.stats.prefill_step_seconds,
             "decode_step_seconds": self.stats.decode_step_seconds,
+            "external_hit_tokens": s.external_hit_tokens,
+            **self._offload_stats(),
+        }
+
+    def _offload_stats(self) -> dict[str, Any]:
+        if self.connector is None:
+            return {}
+        c = self.connector.stats
+        return {
+            "offload_bytes_loaded": c.bytes_loaded,
+            "offload_bytes_saved": c.bytes_saved,
+            "offload_load_seconds": c.load_seconds,
+            "offload_save_seconds": c.save_seconds,
+            "offload_dropped_writes": self.connector.store.dropped_writes,
         }
 
 

@@ -13,6 +13,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from kvserve.engine.request import Request, RequestStatus
 from kvserve.kvcache.manager import KVCacheManager
@@ -66,6 +67,8 @@ class SchedulerStats:
     prefill_tokens_computed: int = 0
     decode_tokens_computed: int = 0
     prefix_hit_tokens: int = 0
+    external_hit_tokens: int = 0
+    """Prompt tokens loaded from the external tiers instead of computed."""
     preemptions: int = 0
     rejected: int = 0
     steps: int = 0
@@ -85,8 +88,11 @@ class Scheduler:
         manager: KVCacheManager,
         config: SchedulerConfig | None = None,
         stop_fn: StopFn | None = None,
+        connector: Any = None,
     ) -> None:
+        """`connector`: an external KV tier (kvserve.offload.OffloadConnector) or None."""
         self.manager = manager
+        self.connector = connector
         self.config = config or SchedulerConfig()
         self.stop_fn = stop_fn
         self.waiting: deque[Request] = deque()
@@ -134,12 +140,16 @@ class Scheduler:
         """Drop a request between steps; its blocks are freed (still findable)."""
         if request.status.finished:
             return
+        held = request in self.running
         if request in self.waiting:
             self.waiting.remove(request)
-        if request in self.running:
+        if held:
             self.running.remove(request)
-            self._free(request)
         request.status = RequestStatus.FINISHED_ABORTED
+        if held:
+            self._free(request)
+        elif self.connector is not None:
+            self.connector.request_finished(request)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running)
@@ -191,10 +201,18 @@ class Scheduler:
                 # one step later it hits; the requests behind it go on meanwhile.
                 deferred.append(waiting.popleft())
                 continue
-            computed = hit.num_tokens
+            local = hit.num_tokens
+            external = 0
+            if self.connector is not None and not hit.skip_write_tokens:
+                # After every group's local hit: allocate_slots places these after them.
+                external = self.connector.lookup(req, local)
+            computed = local + external
             num_new = self._chunk(req, computed, budget)
-            if not manager.allocate_slots(req, num_new, computed, hit):
+            if not manager.allocate_slots(req, num_new, local, hit, num_external_tokens=external):
                 break
+            if external:
+                self.connector.on_allocated(req, local, external)
+                self.stats.external_hit_tokens += external
             waiting.popleft()
             manager.record_query(len(req.token_ids))
             if req.num_cached_tokens < 0:
@@ -202,7 +220,7 @@ class Scheduler:
             req.num_computed_tokens = computed
             req.status = RequestStatus.RUNNING
             self._prefill_end[req.request_id] = len(req.token_ids)
-            self.stats.prefix_hit_tokens += computed
+            self.stats.prefix_hit_tokens += local
             running.append(req)
             out.chunks.append(ScheduledChunk(req, computed, num_new))
             budget -= num_new
@@ -236,6 +254,8 @@ class Scheduler:
     def _free(self, req: Request) -> None:
         self.manager.free(req)
         self._prefill_end.pop(req.request_id, None)
+        if self.connector is not None and req.status.finished:
+            self.connector.request_finished(req)
 
     def update(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
         """Apply a finished step: advance computed tokens, append samples, finish.

@@ -14,6 +14,7 @@ from typing import Any
 
 from kvserve.events.config import KVEventsConfig
 from kvserve.events.publisher import ZmqEventPublisher
+from kvserve.events.tier_events import TierEvents
 from kvserve.kvcache.event_metadata import kv_events_metadata
 from kvserve.kvcache.event_sink import KVEventSink
 from kvserve.kvcache.event_snapshot import snapshot_events
@@ -34,10 +35,19 @@ class EngineKVEvents:
             config, snapshot_fn=self.snapshot, metadata=self.metadata
         )
         self.sink.attach(manager)
+        self.tiers: TierEvents | None = None
+        """Events of the external tiers, once `watch_tiers` is called."""
+
+    def watch_tiers(self, store: Any) -> None:
+        """Also publish what an offload TierStack stores and evicts (medium CPU / STORAGE)."""
+        self.tiers = TierEvents(self.sink)
+        store.listener = self.tiers
 
     def end_step(self) -> int | None:
         """Publish what the step recorded (nothing when it recorded nothing); hold `lock`."""
         events = self.sink.take()
+        if self.tiers is not None:
+            events.extend(self.tiers.take())
         if not events:
             return None
         return self.publisher.publish(events)
@@ -47,6 +57,8 @@ class EngineKVEvents:
         with self.lock:
             self.end_step()
             events = snapshot_events(self.manager, self.config.int_block_hashes, self.sink.medium)
+            if self.tiers is not None:
+                events.extend(self.tiers.snapshot())
             return self.publisher.last_seq, events
 
     def close(self) -> None:

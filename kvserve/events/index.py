@@ -5,17 +5,26 @@ hashes the request as that engine does (metadata: hash function, seed, hash
 block size) and applies the engine's rules (KVCacheManager.get_computed_blocks):
 
 - the anchor (first full-attention) group: the longest run of cached blocks
-  from the left whose verification links hold;
+  from the left whose verification links hold; every other full-attention
+  group may only shorten it to its own run;
 - each sliding-window group may only shorten that candidate, to the largest
   end whose window blocks are cached (a fixed point over the groups);
 - the hit is aligned to hash blocks, and never covers the last token.
 
+Models with state (Mamba) groups follow StateCoordinator.lookup instead: the
+candidate is `(len - 1) // hash_block_size` hash blocks (the last token is
+always computed, and a state can only resume before it), attention groups
+accept any prefix of their runs (hash granularity, whatever the physical
+block size), and every state group needs a snapshot after exactly the hit's
+last hash block: the hit is the largest such end, `c * hash_block_size`.
+
 Verification links mirror the engine's: a block is usable only while the
-registration it was chained to (its parent; for a sliding window, the
-full-attention block at the same position) is still the one cached. Each
-`BlockStored` gets a fresh generation number standing for the engine's
-registration id, so a parent evicted and stored again breaks the link exactly
-as it does in the engine.
+registration it was chained to (its parent in its own group for full
+attention; for a sliding window or a state snapshot, the anchor group's
+block at the same hash) is still the one cached. Each `BlockStored` gets a
+fresh generation number standing for the engine's registration id, so a
+parent evicted and stored again breaks the link exactly as it does in the
+engine.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvserve.kvcache.events import (
+    MEDIUM_GPU,
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -39,6 +49,16 @@ DEAD = 0
 """Link to a registration that is not cached (never equal to a generation)."""
 
 
+def _verified_against(group: dict[str, Any]) -> str:
+    """What a group's blocks verify against: "parent" (in its own group) or "anchor".
+
+    "anchor" is the anchor group's block at the same hash. Metadata says so;
+    older metadata lacks the key, and then only full attention chains.
+    """
+    default = "parent" if group["kind"] == "full_attention" else "anchor"
+    return group.get("verified_against", default)
+
+
 @dataclass(slots=True)
 class EngineView:
     """One engine: per group, wire hash -> (generation, link)."""
@@ -47,28 +67,38 @@ class EngineView:
     groups: list[dict[Any, tuple[int, int]]]
     anchor: int | None
     windows: list[tuple[int, int]]
-    """(group index, sliding window) of every other group."""
+    """(group index, sliding window) of every sliding-window group."""
     verify: bool
     int_hashes: bool
+    chained: list[int] = field(default_factory=list)
+    """Full-attention groups other than the anchor: each its own run from the left."""
+    states: list[int] = field(default_factory=list)
+    """State (Mamba) groups: hits only where a snapshot was taken."""
     next_gen: int = 1
     batches: int = 0
+    tiers: dict[str, set[tuple[int, Any]]] = field(default_factory=dict)
+    """Medium ("CPU", "STORAGE") -> (group, hash) the engine's external tiers hold. They
+    are kept apart: `match` predicts the device pool's hit, which is what a prefix
+    reuse without any load gives."""
 
     @classmethod
     def from_metadata(cls, metadata: dict[str, Any]) -> EngineView:
         groups = metadata["groups"]
         anchor = metadata.get("anchor_group")
-        windows = [
-            (g["group_idx"], g["sliding_window"])
-            for g in groups
-            if g["group_idx"] != anchor and g["kind"] == "sliding_window"
-        ]
+        others = [g for g in groups if g["group_idx"] != anchor]
         return cls(
             metadata,
             [{} for _ in groups],
             anchor,
-            windows,
+            [
+                (g["group_idx"], g["sliding_window"])
+                for g in others
+                if g["kind"] == "sliding_window"
+            ],
             bool(metadata.get("verify_hits", True)),
             not str(metadata.get("block_hash_encoding", "u64")).startswith("bytes"),
+            chained=[g["group_idx"] for g in others if _verified_against(g) == "parent"],
+            states=[g["group_idx"] for g in others if g["kind"] == "mamba"],
         )
 
     @property
@@ -78,10 +108,20 @@ class EngineView:
     def clear(self) -> None:
         for g in self.groups:
             g.clear()
+        self.tiers.clear()
 
     def apply(self, batch: KVEventBatch) -> None:
         self.batches += 1
         for event in batch.events:
+            medium = getattr(event, "medium", None)
+            if medium is not None and medium != MEDIUM_GPU:
+                held = self.tiers.setdefault(medium, set())
+                group = getattr(event, "group_idx", None) or 0
+                if isinstance(event, BlockStored):
+                    held.update((group, h) for h in event.block_hashes)
+                else:
+                    held.difference_update((group, h) for h in event.block_hashes)
+                continue
             if isinstance(event, BlockStored):
                 self._stored(event)
             elif isinstance(event, BlockRemoved):
@@ -94,8 +134,7 @@ class EngineView:
     def _stored(self, event: BlockStored) -> None:
         g = event.group_idx or 0
         group = self.groups[g]
-        anchor = self.groups[self.anchor] if self.anchor is not None else None
-        if g == self.anchor:
+        if g == self.anchor or g in self.chained or self.anchor is None:
             if event.parent_block_hash is None:
                 link = ROOT
             else:
@@ -107,35 +146,70 @@ class EngineView:
                 group[h] = (gen, link)
                 link = gen
         else:
+            anchor = self.groups[self.anchor]
             for h in event.block_hashes:
                 gen = self.next_gen
                 self.next_gen += 1
-                a = anchor.get(h) if anchor is not None else None
+                a = anchor.get(h)
                 group[h] = (gen, a[0] if a is not None else DEAD)
+
+    def _run(self, g: int, hashes: list[Any], limit: int) -> list[int]:
+        """Generations of group g's verified run of hits from the left (at most `limit`)."""
+        group = self.groups[g]
+        gens: list[int] = []
+        link = ROOT
+        for i in range(limit):
+            entry = group.get(hashes[i])
+            if entry is None or (self.verify and entry[1] != link):
+                break
+            gens.append(entry[0])
+            link = entry[0]
+        return gens
 
     def hit_tokens(self, hashes: list[Any], num_tokens: int) -> int:
         """The engine's `get_computed_blocks(seq, 0).num_tokens` for these hashes."""
         bs = self.metadata["hash_block_size"]
         if not self.metadata.get("enable_prefix_caching", True) or num_tokens <= 1:
             return 0
+        if self.states:
+            return self._state_hit(hashes, num_tokens) * bs
         candidate = num_tokens // bs
         anchor_gens: list[int] = []
         if self.anchor is not None:
-            group = self.groups[self.anchor]
-            link = ROOT
-            for i in range(candidate):
-                entry = group.get(hashes[i])
-                if entry is None or (self.verify and entry[1] != link):
-                    break
-                anchor_gens.append(entry[0])
-                link = entry[0]
+            anchor_gens = self._run(self.anchor, hashes, candidate)
             candidate = len(anchor_gens)
+        for g in self.chained:
+            candidate = len(self._run(g, hashes, candidate))
         if candidate and self.windows:
             candidate = self._windows_fixed_point(hashes, candidate, anchor_gens, num_tokens)
         if not candidate:
             return 0
         end = candidate * bs
         return num_tokens - 1 if end >= num_tokens else end
+
+    def _state_hit(self, hashes: list[Any], num_tokens: int) -> int:
+        """Hash blocks of a state model's hit (StateCoordinator.lookup, between steps).
+
+        Attention groups accept any prefix of their runs, so the fixed point is
+        the largest end, within every run, after which each state group holds
+        a snapshot verified against the anchor run's block at that hash.
+        """
+        candidate = (num_tokens - 1) // self.metadata["hash_block_size"]
+        if candidate <= 0 or self.anchor is None:
+            return 0
+        anchor_gens = self._run(self.anchor, hashes, candidate)
+        candidate = len(anchor_gens)
+        for g in self.chained:
+            candidate = len(self._run(g, hashes, candidate))
+        states = [self.groups[g] for g in self.states]
+        for c in range(candidate, 0, -1):
+            h, gen = hashes[c - 1], anchor_gens[c - 1]
+            if all(
+                (s := group.get(h)) is not None and (not self.verify or s[1] == gen)
+                for group in states
+            ):
+                return c
+        return 0
 
     def _windows_fixed_point(
         self, hashes: list[Any], candidate: int, anchor_gens: list[int], num_tokens: int

@@ -14,7 +14,9 @@ replay socket; a request is one frame after the envelope:
   learns it has to resync.
 
 The engine thread only assigns the sequence number and puts the batch in a
-bounded queue; a background thread encodes and sends. A full queue drops the
+bounded queue; a background thread encodes and sends (and sends what is
+queued before it answers a replay request: a replay covers every batch
+published before it was asked). A full queue drops the
 batch and counts it: the gap in sequence numbers tells subscribers, who
 replay or resync.
 """
@@ -155,9 +157,22 @@ class ZmqEventPublisher:
             replay = self._replay
             while replay is not None and replay.poll(0):
                 try:
+                    self._drain()
                     self._serve(replay.recv_multipart())
                 except Exception:
                     logger.exception("KV events: bad replay request")
+
+    def _drain(self) -> None:
+        """Send every queued batch, so a replay answers with all published before it."""
+        while True:
+            try:
+                seq, batch = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                self._send(seq, encode_batch(batch))
+            except Exception:
+                logger.exception("KV events: could not send batch %d", seq)
 
     def _send(self, seq: int, payload: bytes) -> None:
         self._buffer.append((seq, payload))

@@ -29,7 +29,9 @@ class BlockPool:
     """
 
     __slots__ = (
+        "_epoch",
         "_free",
+        "_holders",
         "_next_cache_id",
         "blocks",
         "events",
@@ -54,6 +56,11 @@ class BlockPool:
         self.num_evictions = 0
         self.events: KVEventSink | None = None
         """Event recorder (kvcache.event_sink); None when events are off."""
+        self._epoch = [0] * num_blocks
+        """Per block: how often it was handed out (a copy taken in an older epoch is gone)."""
+        self._holders: dict[int, list[tuple[KVBlock, int]]] = {}
+        """Inflated groups: entry cache_id -> (block, epoch) of other blocks holding a copy
+        of its hash block at the same slot (see add_holder)."""
 
     @property
     def null_block(self) -> KVBlock:
@@ -81,17 +88,18 @@ class BlockPool:
         if n > len(free):
             raise NoFreeBlocksError(f"asked for {n} blocks, {len(free)} free")
         popitem = free.popitem
+        epoch = self._epoch
         out = []
         for _ in range(n):
             block = popitem(last=False)[1]
+            epoch[block.block_id] += 1
             if block.block_hash is not None:
                 if self.events is not None:
                     self.events.removed(block)
                 self._uncache(block)
                 self.num_evictions += 1
             elif block.entries:
-                self.num_evictions += len(block.entries)
-                self._uncache_entries(block)
+                self.num_evictions += self._uncache_entries(block)
             block.ref_cnt = 1
             out.append(block)
         return out
@@ -172,14 +180,63 @@ class BlockPool:
         if block.ref_cnt == 0:
             self._free.move_to_end(block.block_id, last=False)
 
-    def _uncache_entries(self, block: KVBlock) -> None:
+    def add_holder(self, entry: CacheEntry, block: KVBlock) -> None:
+        """`block` holds a copy of `entry`'s hash block at `entry.slot` (copied into it,
+        or computed again there), good until `block` is handed out again.
+
+        When the entry's own block is reused, the entry moves to such a copy
+        instead of leaving the index: hash blocks registered after it (in the
+        copy's block, say) keep a live parent, and a full block whose hash
+        blocks sit in several blocks stays findable (InflatedAttentionGroup).
+        """
+        epoch = self._epoch
+        alive = [
+            (b, e)
+            for b, e in self._holders.get(entry.cache_id, ())
+            if epoch[b.block_id] == e and b is not block
+        ]
+        alive.append((block, epoch[block.block_id]))
+        self._holders[entry.cache_id] = alive
+
+    def holds(self, block: KVBlock, entry: CacheEntry) -> bool:
+        """Whether `block` holds `entry`'s hash block: its registered block, or a copy."""
+        if entry.block is block:
+            return True
+        epoch = self._epoch[block.block_id]
+        return any(b is block and e == epoch for b, e in self._holders.get(entry.cache_id, ()))
+
+    def _uncache_entries(self, block: KVBlock) -> int:
+        """`block` is reused: each entry moves to a block holding its copy, or leaves
+        the index. Returns how many left."""
         events = self.events
+        epoch = self._epoch
+        removed = 0
         for entry in block.entries:  # type: ignore[union-attr]
+            copies = [
+                (b, e)
+                for b, e in self._holders.pop(entry.cache_id, ())
+                if epoch[b.block_id] == e and b is not block
+            ]
+            if copies:
+                copy = copies.pop(0)[0]
+                if copies:
+                    self._holders[entry.cache_id] = copies
+                entry.block = copy
+                if copy.entries is None:
+                    copy.entries = [entry]
+                else:
+                    copy.entries.append(entry)
+                if entry.computed:  # the copy may be written by the step under way
+                    entry.computed = False
+                    self.pending.append(entry)
+                continue
             if events is not None:
                 events.removed(entry)  # type: ignore[arg-type]
             del self.index[entry.group][entry.block_hash]
             entry.cache_id = 0
+            removed += 1
         block.entries = None
+        return removed
 
     def _uncache(self, block: KVBlock) -> None:
         del self.index[block.group][block.block_hash]
@@ -203,6 +260,7 @@ class BlockPool:
         if self.num_used:
             return False
         events, self.events = self.events, None  # one AllBlocksCleared, no removals
+        self._holders.clear()
         for block in self.blocks[1:]:
             if block.block_hash is not None:
                 self._uncache(block)

@@ -5,6 +5,11 @@ hot path pays one attribute test and allocates nothing. Registration calls
 `stored` once per newly cached hash block; consecutive blocks of one request
 and group registered in one run coalesce into one `BlockStored`, with
 `parent_block_hash` and `token_ids` lined up with `block_hashes`.
+
+Hybrid state models go through the same two calls: an inflated attention
+block registers each of its hash blocks (`stored` per hash block, `removed`
+per CacheEntry when the physical block is evicted), and a state snapshot is
+`stored` under the hash of the hash block it follows.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from kvserve.kvcache.events import (
 
 if TYPE_CHECKING:
     from kvserve.kvcache.block import KVBlock
+    from kvserve.kvcache.cache_entry import CacheEntry
     from kvserve.kvcache.manager import KVCacheManager
     from kvserve.kvcache.sequence import CacheSequence
 
@@ -97,8 +103,8 @@ class KVEventSink:
         self.events.append(run)
         self._run, self._run_seq, self._run_group, self._run_next = run, seq, group_id, i + 1
 
-    def removed(self, block: KVBlock) -> None:
-        """A cached block is about to lose its index entry (evicted)."""
+    def removed(self, block: KVBlock | CacheEntry) -> None:
+        """A cached block, or one hash block of an inflated block, loses its index entry."""
         self.events.append(
             BlockRemoved(
                 block_hashes=[wire_hash(block.block_hash, self.int_block_hashes)],  # type: ignore[arg-type]

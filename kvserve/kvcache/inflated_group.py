@@ -94,12 +94,18 @@ class InflatedAttentionGroup:
         return hit
 
     def _shareable(self, entries: list[CacheEntry], m: int) -> KVBlock | None:
-        """The cached block that holds hash blocks m*k .. m*k+k-1 exactly, in order."""
+        """The cached block that holds hash blocks m*k .. m*k+k-1 exactly, in order.
+
+        The candidate is the block registered for the last of them: where the
+        earlier ones are registered elsewhere (it copied them, or computed them
+        again), the pool knows whether it still holds those copies.
+        """
         k = self.k
-        block = entries[m * k].block
+        block = entries[m * k + k - 1].block
+        holds = self.pool.holds
         for j in range(k):
             entry = entries[m * k + j]
-            if entry.block is not block or entry.slot != j:
+            if entry.slot != j or not holds(block, entry):
                 return None
         return block
 
@@ -137,6 +143,7 @@ class InflatedAttentionGroup:
         for i in range(m * k, min(m * k + k, hit)):
             entry = entries[i]
             j = i - m * k
+            self.pool.add_holder(entry, dst)
             last = ops[-1] if ops else None
             if (
                 last is not None
@@ -172,10 +179,11 @@ class InflatedAttentionGroup:
     def cache_full_blocks(self, seq: CacheSequence, start: int, end: int) -> None:
         """Register hash blocks `start..end-1` (all of their tokens are scheduled).
 
-        A hash block already indexed elsewhere is not indexed twice; when a
-        whole physical block turns out to be a copy of a cached one, ours is
-        swapped for it after the step (a late merge), so identical full
-        blocks are never held twice.
+        A hash block already indexed elsewhere is not indexed twice (the pool
+        records that our block holds a copy of it); when a whole physical
+        block turns out to be a copy of a cached one, ours is swapped for it
+        after the step (a late merge), so identical full blocks are never held
+        twice.
         """
         pool = self.pool
         index = self.index
@@ -188,8 +196,9 @@ class InflatedAttentionGroup:
         events = pool.events
         parent = ROOT_CACHE_ID
         if start:
-            # Our hash block start-1 may be indexed in another request's block that
-            # has been evicted meanwhile: then nothing after it can be chained.
+            # Our hash block start-1 may be indexed in another request's block; when
+            # that block is reused the entry moves to our copy (BlockPool.add_holder),
+            # so this is only a safety net: never chain to a guess.
             previous = index.get(hashes[start - 1])
             if previous is None:
                 seq.cache_chain_broken = True
@@ -215,6 +224,7 @@ class InflatedAttentionGroup:
                 and existing.parent_cache_id == parent
                 and existing.extra == extra
             ) or not self.verify:
+                pool.add_holder(existing, held[m])
                 parent = existing.cache_id
                 if j == k - 1:
                     self._merge_if_copy(seq, m)
@@ -226,10 +236,11 @@ class InflatedAttentionGroup:
         """Physical block m is full: if another block holds exactly its hash blocks, use it."""
         k = self.k
         own = seq.kv_blocks[self.group_id][m]
-        if own.entries:
-            return  # it holds registered hash blocks of its own: it is no copy
-        entries = [self.index[seq.block_hashes[m * k + j]] for j in range(k)]
-        block = self._shareable(entries, 0)
+        entries = [self.index.get(seq.block_hashes[m * k + j]) for j in range(k)]
+        if None in entries:
+            return
+        # Ours may hold some of them registered: the other block holds them all too.
+        block = self._shareable(entries, 0)  # type: ignore[arg-type]
         if block is not None and block is not own:
             self.pool.touch((block,))
             seq.merges.append((self.group_id, m, block))

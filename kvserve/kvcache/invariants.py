@@ -33,8 +33,10 @@ def count_duplicate_blocks(
             table = seq.kv_blocks[group.group_id]
             full = min(num_computed[seq.request_id], len(seq.token_ids)) // bs
             manager.hasher.extend(seq.block_hashes, seq.token_ids, seq.extra_keys)
+            # Inside a step, a block queued for a late merge already counts as its copy.
+            merged = {i: copy for g, i, copy in seq.merges if g == group.group_id}
             for i in range(min(full, len(table))):
-                block_id = table[i].block_id
+                block_id = merged.get(i, table[i]).block_id
                 if not block_id:  # the null block: released out of a sliding window
                     continue
                 # A chained hash names the whole prefix: the last hash block's stands for the block.
@@ -61,12 +63,20 @@ def check_invariants(
     pool = manager.pool
     bs = manager.block_size
     holders = [0] * len(pool.blocks)
+    owner: dict[int, int] = {}
     for seq in seqs:
         for group, table in zip(manager.groups, seq.kv_blocks, strict=True):
             nulls = 0
             for i, block in enumerate(table):
                 if block.block_id:
                     holders[block.block_id] += 1
+                    # A block belongs to one group: two groups in one block overwrite
+                    # each other's K/V (the symptom of vLLM #44409).
+                    if owner.setdefault(block.block_id, group.group_id) != group.group_id:
+                        raise InvariantError(
+                            f"block {block.block_id} is held by groups "
+                            f"{owner[block.block_id]} and {group.group_id}"
+                        )
                 elif group.kind != "sliding_window" or i != nulls:
                     raise InvariantError(f"{seq.request_id}: null block inside a table")
                 else:

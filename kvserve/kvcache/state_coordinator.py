@@ -171,13 +171,26 @@ class StateCoordinator:
                 seq.num_cached_blocks = full
                 if seq.merges and not had_merges:
                     manager._merging.append(seq)
-        self._plan_states(seq, hit, chunk_start, end, caching and not seq.cache_chain_broken)
+        self._plan_states(
+            seq,
+            hit,
+            chunk_start,
+            end,
+            caching and not seq.cache_chain_broken,
+            num_external_tokens > 0,
+        )
         if seq.transient and seq not in self._transient_seqs:
             self._transient_seqs.append(seq)
         return True
 
     def _plan_states(
-        self, seq: CacheSequence, hit: PrefixHit | None, start: int, end: int, snapshot: bool
+        self,
+        seq: CacheSequence,
+        hit: PrefixHit | None,
+        start: int,
+        end: int,
+        snapshot: bool,
+        external: bool,
     ) -> None:
         """Each state group's plan for the runner, taking snapshot pages where due."""
         if not seq.state_plans:
@@ -188,7 +201,9 @@ class StateCoordinator:
         for group in self.states:
             gid = group.group_id
             running = seq.kv_blocks[gid][0]
-            if hit is not None:
+            if external:
+                state_in = running.block_id  # the connector loads the external snapshot here
+            elif hit is not None:
                 state_in = hit.sources[gid][0].block_id  # type: ignore[index]
             else:
                 state_in = running.block_id if start else 0

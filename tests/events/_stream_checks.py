@@ -5,18 +5,26 @@ from __future__ import annotations
 from kvserve.kvcache.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from kvserve.kvcache.hashing import BlockHasher
 
+KINDS = ("full_attention", "sliding_window", "mamba")
+
 
 class StreamChecker:
-    """No hash stored twice without a removal between; token ids line up; parents chain.
+    """No hash stored twice per group without a removal between; token ids line up; parents chain.
 
-    With bytes hashes (`hasher` given) each stored hash is recomputed from its
-    parent and its tokens, so hashes, parents and token ids must all agree.
+    `block_size` (the hash block size) is what every BlockStored must carry,
+    inflated physical blocks or not. A full-attention run's parent must be
+    cached in its group (state snapshots and windows name the previous hash
+    block, which their own group need not hold). With bytes hashes (`hasher`
+    given) each stored hash is recomputed from its parent and its tokens, so
+    hashes, parents and token ids must all agree, in every group.
     """
 
-    def __init__(self, hasher: BlockHasher | None = None) -> None:
+    def __init__(self, hasher: BlockHasher | None = None, block_size: int | None = None) -> None:
         self.hasher = hasher
+        self.block_size = block_size if hasher is None else hasher.block_size
         self.stored: dict[int, set] = {}
         self.num_stored = self.num_removed = self.num_cleared = 0
+        self.stored_by_kind: dict[str, int] = {}
 
     def __call__(self, seq: int, batch: KVEventBatch) -> None:
         for event in batch.events:
@@ -35,12 +43,19 @@ class StreamChecker:
     def _stored(self, e: BlockStored) -> None:
         held = self.stored.setdefault(e.group_idx, set())
         assert len(e.token_ids) == len(e.block_hashes) * e.block_size
-        assert e.medium == "GPU" and e.kv_cache_spec_kind in ("full_attention", "sliding_window")
+        if self.block_size is not None:
+            assert e.block_size == self.block_size, "block_size is not the hash block size"
+        assert e.medium == "GPU" and e.kv_cache_spec_kind in KINDS
+        assert (e.kv_cache_spec_sliding_window is None) == (
+            e.kv_cache_spec_kind != "sliding_window"
+        )
         for h in e.block_hashes:
             assert h not in held, "a hash stored twice without a removal in between"
             held.add(h)
             self.num_stored += 1
-        if e.group_idx == 0 and e.parent_block_hash is not None:
+        kind = e.kv_cache_spec_kind
+        self.stored_by_kind[kind] = self.stored_by_kind.get(kind, 0) + len(e.block_hashes)
+        if kind == "full_attention" and e.parent_block_hash is not None:
             assert e.parent_block_hash in held, "the parent of a stored run is not cached"
         if self.hasher is not None:
             bs = e.block_size

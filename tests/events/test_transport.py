@@ -13,6 +13,7 @@ from kvserve.events.publisher import should_bind
 from kvserve.kvcache import CacheSequence, KVCacheConfig, KVCacheManager
 from kvserve.kvcache.event_sink import KVEventSink
 from kvserve.kvcache.events import KVEventBatch, encode_batch
+from kvserve.kvcache.grouping import inflate_for_state
 from kvserve.kvcache.specs import spec_from_name
 
 BS = 4
@@ -26,7 +27,7 @@ class Engine:
             KVCacheConfig(
                 num_blocks=num_blocks,
                 block_size=BS,
-                specs=[spec_from_name(g, BS) for g in groups],
+                specs=inflate_for_state([spec_from_name(g, BS) for g in groups]),
             )
         )
         self.events = make_engine_events(self.manager, config)
@@ -40,6 +41,7 @@ class Engine:
             m = self.manager
             m.add_sequence(seq)
             hit = m.get_computed_blocks(seq)
+            assert not hit.wait  # one request per step: nothing it reads is pending
             assert m.allocate_slots(seq, len(prompt) - hit.num_tokens, hit.num_tokens, hit)
             m.end_step()
             m.free(seq)
@@ -61,9 +63,14 @@ class Engine:
 PROMPTS = [[i % 3] * 5 + list(range(i, i + 9)) for i in range(12)] + [[0] * 20, [1] * 13]
 
 
-def assert_predicts(engine: Engine, sub: KVEventSubscriber) -> None:
-    for prompt in PROMPTS:
-        assert sub.index.match(prompt)[sub.engine] == engine.hit(prompt), prompt
+def assert_predicts(engine: Engine, sub: KVEventSubscriber, prompts=PROMPTS) -> int:
+    """Every prompt's predicted hit is the engine's; returns how many hit at all."""
+    hits = 0
+    for prompt in prompts:
+        expected = engine.hit(prompt)
+        assert sub.index.match(prompt)[sub.engine] == expected, prompt
+        hits += bool(expected)
+    return hits
 
 
 @pytest.fixture
@@ -114,6 +121,44 @@ def test_restarted_subscriber_resyncs_beyond_the_replay_buffer(ports, engine):
         assert_predicts(engine, second)
     finally:
         second.close()
+
+
+STEM = [(5 * i) % 11 for i in range(40)]
+STATE_PROMPTS = [[*STEM[:n], 50 + n % 3] for n in (9, 14, 21, 30, 5, 17, 33, 12, 26, 38, 3)]
+STATE_PROBES = [p[:n] for p in STATE_PROMPTS for n in range(1, len(p) + 1, 3)] + STATE_PROMPTS
+
+
+def test_state_model_resync_rebuilds_the_exact_view(ports):
+    """Mamba hybrid (attention blocks of 4 hash blocks): live, replay and snapshot views agree."""
+    engine = Engine(
+        ports.config(buffer_steps=3), num_blocks=20, groups=("full", "mamba:4", "mamba:4")
+    )
+    live = KVEventSubscriber(ports.connect, ports.replay_connect)
+    try:
+        for prompt in STATE_PROMPTS:
+            engine.step(prompt)
+            live.wait_for(engine.last_seq)
+            assert_predicts(engine, live, STATE_PROBES)
+        assert engine.manager.pool.num_evictions > 0 and engine.last_seq >= 4
+        late = KVEventSubscriber(ports.connect, ports.replay_connect)
+        try:
+            assert late.resyncs == 1 and late.last_seq == engine.last_seq
+            assert assert_predicts(engine, late, STATE_PROBES) > 0
+            kinds = {g["kind"] for g in late.view.metadata["groups"]}
+            assert kinds == {"full_attention", "mamba"}
+            # The snapshot holds what a hit can use: at most what the live view holds.
+            assert 0 < late.view.num_blocks <= live.view.num_blocks
+            for prompt in STATE_PROMPTS[:4]:
+                engine.step([*prompt, 7, 7, 7, 7, 7])
+            late.wait_for(engine.last_seq)
+            live.wait_for(engine.last_seq)
+            assert assert_predicts(engine, late, STATE_PROBES) > 0
+            assert_predicts(engine, live, STATE_PROBES)
+        finally:
+            late.close()
+    finally:
+        live.close()
+        engine.close()
 
 
 def test_replay_from_batch_zero_needs_no_snapshot(ports):
