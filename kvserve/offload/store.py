@@ -39,9 +39,12 @@ class TierStack:
         self.listener: TierListener | None = None
         self.dropped_writes = 0
         self._lock = threading.Lock()
+        # Memory tiers are written at once; the rest (disk) from a background thread.
+        self._now = [t for t in tiers if t.medium == "CPU"]
+        self._later = [t for t in tiers if t.medium != "CPU"]
         self._queue: queue.Queue[tuple | None] = queue.Queue(max_queued_writes)
         self._writer: threading.Thread | None = None
-        if len(tiers) > 1:
+        if self._later:
             self._writer = threading.Thread(
                 target=self._write_loop, name="kvserve-offload", daemon=True
             )
@@ -60,8 +63,9 @@ class TierStack:
     def put(
         self, key: bytes, data: bytes, seq: CacheSequence | None = None, index: int = -1
     ) -> None:
-        """Store in the first tier now and in the others from the background thread."""
-        self._put_into(self.tiers[0], key, data, seq, index)
+        """Store in the memory tiers now and in the others from the background thread."""
+        for tier in self._now:
+            self._put_into(tier, key, data, seq, index)
         if self._writer is None:
             return
         try:
@@ -88,7 +92,7 @@ class TierStack:
                 if job is None:
                     return
                 key, data, seq, index = job
-                for tier in self.tiers[1:]:
+                for tier in self._later:
                     try:
                         self._put_into(tier, key, data, seq, index)
                     except OSError as exc:  # a full disk must not stop the engine
