@@ -9,6 +9,7 @@ the cached slots and resuming the state from a snapshot.
 
 import pytest
 import torch
+from hybrid_rounds import MODES, tokens, two_rounds
 
 from kvserve import LLM, SamplingParams
 from kvserve.kvcache.specs import FullAttentionSpec, MambaStateSpec
@@ -42,10 +43,6 @@ def make(ck, **kwargs):
     return LLM(ck.path, **options)
 
 
-def tokens(outputs):
-    return [o.outputs[0].token_ids for o in outputs]
-
-
 def test_state_layers_share_the_pool_with_inflated_attention_blocks(bamba_checkpoint):
     llm = make(bamba_checkpoint)
     runner = llm.engine.runner
@@ -62,34 +59,14 @@ def test_state_layers_share_the_pool_with_inflated_attention_blocks(bamba_checkp
     assert state.page_bytes <= attention.page_bytes
 
 
-@pytest.mark.parametrize(
-    "options",
-    [
-        {},
-        {"enable_prefix_caching": False},
-        {"max_num_batched_tokens": 7},  # chunked prefill, mixed prefill + decode steps
-        {"num_kv_blocks": 14, "max_num_seqs": 8},  # preemption and recompute
-    ],
-    ids=["cached", "no-cache", "chunked", "preempt"],
-)
-def test_greedy_equals_transformers(bamba_checkpoint, options):
-    ck = bamba_checkpoint
-    llm = make(ck, **options)
-    expected = [ck.reference(p, NEW) for p in PROMPTS]
-    assert tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == expected
-    first_hits = llm.stats()["prefix_hit_tokens"]
-    # A second round of the same prompts: hits when caching is on, same tokens either way.
-    assert tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == expected
-    stats = llm.stats()
-    if options.get("num_kv_blocks") == 14:
-        assert stats["preemptions"] > 0
-    if options.get("enable_prefix_caching") is False:
-        assert stats["prefix_hit_tokens"] == 0
-    elif options.get("num_kv_blocks") != 14:
-        # (A pool of 14 blocks keeps about one snapshot per state group: hits are luck.)
-        assert stats["prefix_hit_tokens"] > first_hits
-        assert stats["duplicate_blocks_peak"] == 0
-    assert llm.engine.manager.pool.num_used == 0
+@pytest.mark.parametrize("mode", list(MODES))
+def test_greedy_equals_transformers(bamba_checkpoint, mode):
+    options = dict(MODES[mode])
+    if mode == "preempt":
+        options["num_kv_blocks"] = 14
+    # (A pool of 14 blocks keeps about one snapshot per state group: hits are luck there.)
+    llm = make(bamba_checkpoint, **options)
+    two_rounds(llm, bamba_checkpoint, PROMPTS, GREEDY, mode, expect_hits=mode != "preempt")
 
 
 def test_short_prompt_repeated_hits_inside_one_physical_block(bamba_checkpoint):

@@ -7,6 +7,7 @@ and are released while requests run.
 
 import pytest
 import torch
+from hybrid_rounds import MODES, tokens, two_rounds
 
 from kvserve import LLM, SamplingParams
 from kvserve.kvcache.specs import FullAttentionSpec, SlidingWindowSpec
@@ -37,10 +38,6 @@ def make(ck, **kwargs):
     return LLM(ck.path, **options)
 
 
-def tokens(outputs):
-    return [o.outputs[0].token_ids for o in outputs]
-
-
 def test_runner_groups_sliding_layers_into_one_pool(gemma3_checkpoint):
     llm = make(gemma3_checkpoint)
     runner = llm.engine.runner
@@ -53,33 +50,12 @@ def test_runner_groups_sliding_layers_into_one_pool(gemma3_checkpoint):
     assert llm.engine.manager.config.specs == specs
 
 
-@pytest.mark.parametrize(
-    "options",
-    [
-        {},
-        {"enable_prefix_caching": False},
-        {"max_num_batched_tokens": 7},  # chunked prefill, mixed prefill + decode steps
-        {"num_kv_blocks": 100, "max_num_seqs": 8},  # preemption and recompute
-    ],
-    ids=["cached", "no-cache", "chunked", "preempt"],
-)
-def test_greedy_equals_transformers(gemma3_checkpoint, options):
-    ck = gemma3_checkpoint
-    llm = make(ck, **options)
-    expected = [ck.reference(p, NEW) for p in PROMPTS]
-    assert tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == expected
-    first_hits = llm.stats()["prefix_hit_tokens"]
-    # A second round of the same prompts: hits when caching is on, same tokens either way.
-    assert tokens(llm.generate(PROMPTS, GREEDY, use_tqdm=False)) == expected
-    stats = llm.stats()
-    if options.get("num_kv_blocks") == 100:
-        assert stats["preemptions"] > 0
-    if options.get("enable_prefix_caching") is False:
-        assert stats["prefix_hit_tokens"] == 0
-    else:
-        assert stats["prefix_hit_tokens"] > first_hits
-        assert stats["duplicate_blocks_peak"] == 0
-    assert llm.engine.manager.pool.num_used == 0
+@pytest.mark.parametrize("mode", list(MODES))
+def test_greedy_equals_transformers(gemma3_checkpoint, mode):
+    options = dict(MODES[mode])
+    if mode == "preempt":
+        options["num_kv_blocks"] = 100
+    two_rounds(make(gemma3_checkpoint, **options), gemma3_checkpoint, PROMPTS, GREEDY, mode, True)
 
 
 def test_decodes_past_the_window_release_blocks(gemma3_checkpoint):

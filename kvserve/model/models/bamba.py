@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kvserve.model.attention import AttentionMetadata, paged_attention
+from kvserve.model.attention import AttentionMetadata
 from kvserve.model.config import ModelConfig
 from kvserve.model.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary
 from kvserve.model.mamba2 import Mamba2Mixer, StateMetadata
@@ -39,22 +39,8 @@ class BambaAttention(DecoderAttention):
         bias = config.attention_bias
         super().__init__(config, DecoderOptions(qkv_bias=bias, o_bias=bias))
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos_sin: tuple[torch.Tensor, torch.Tensor],
-        kv_cache: tuple[torch.Tensor, torch.Tensor],
-        meta: AttentionMetadata,
-    ) -> torch.Tensor:
-        tokens = x.shape[0]
-        q = self.q_proj(x).view(tokens, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
-        cos, sin = cos_sin
-        q = apply_partial_rotary(q, cos, sin)
-        k = apply_partial_rotary(k, cos, sin)
-        out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
-        return self.o_proj(out)
+    def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return apply_partial_rotary(x, cos, sin)
 
 
 class BambaDecoderLayer(nn.Module):

@@ -58,10 +58,14 @@ class DecoderAttention(nn.Module):
             q = self.q_norm(q)
             k = self.k_norm(k)
         cos, sin = cos_sin
-        q = apply_rotary(q, cos, sin)
-        k = apply_rotary(k, cos, sin)
+        q = self.rotate(q, cos, sin)
+        k = self.rotate(k, cos, sin)
         out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
         return self.o_proj(out)
+
+    def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """The rotary embedding of q or k (a partial rotary model overrides this)."""
+        return apply_rotary(x, cos, sin)
 
 
 class DecoderLayer(nn.Module):
