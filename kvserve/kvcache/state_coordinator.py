@@ -211,7 +211,7 @@ class StateCoordinator:
             if snapshot:
                 for p in group.snapshot_positions(seq, start, end):
                     anchor = self.anchor.entry_at(seq, p // hb - 1)
-                    if anchor is None:
+                    if anchor is None or not group.may_snapshot(seq, p, anchor):
                         continue
                     if pool.num_free <= reserve or not group.make_room():
                         break

@@ -115,7 +115,7 @@ class MambaStateGroup:
         return 0 if seq.kv_blocks[self.group_id] else 1
 
     def snapshot_positions(self, seq: CacheSequence, start: int, end: int) -> list[int]:
-        """Positions in (start, end] after which to keep the state, not yet snapshotted.
+        """Positions in (start, end] after which to keep the state (see `may_snapshot`).
 
         Physical-block fills, plus the prompt's last hash-block boundary (the
         longest prefix a repeat of this prompt can resume from, since its last
@@ -128,9 +128,21 @@ class MambaStateGroup:
         if start < last <= end and last % bs:
             positions.append(last)
             positions.sort()
-        hashes = seq.block_hashes
-        index = self.index
-        return [p for p in positions if p // hb <= len(hashes) and hashes[p // hb - 1] not in index]
+        return [p for p in positions if p // hb <= len(seq.block_hashes)]
+
+    def may_snapshot(self, seq: CacheSequence, position: int, anchor: CacheEntry) -> bool:
+        """No usable snapshot of this prefix exists yet (one is never stored twice).
+
+        A cached snapshot whose anchor was evicted and registered anew can
+        never verify again: it is dropped so a fresh one takes its place.
+        """
+        page = self.index.get(seq.block_hashes[position // self.hash_block_size - 1])
+        if page is None:
+            return True
+        if page.parent_cache_id == anchor.cache_id or page.ref_cnt or not page.computed:
+            return False
+        self.pool.uncache(page)
+        return True
 
     def make_room(self) -> bool:
         """Keep snapshots within their share: drop the least recently cached free one."""
