@@ -125,6 +125,17 @@ class FullAttentionGroup:
             block_tokens = tokens[i * bs : (i + 1) * bs]
             extra = other_extra if i else first_extra
             existing = index.get(block_hash)
+            if (
+                existing is not None
+                and existing.parent_cache_id != parent
+                and existing.ref_cnt == 0
+                and existing.computed
+                and self.verify
+            ):
+                # Stale: its parent was evicted and registered anew (one registration
+                # per hash), so it can never verify again. Ours takes its place.
+                pool.uncache(existing)
+                existing = None
             if existing is None:
                 block = held[i]
                 pool.register(self.group_id, block, block_hash, block_tokens, extra, parent, False)

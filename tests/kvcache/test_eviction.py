@@ -169,3 +169,29 @@ def test_reset_prefix_cache_refused_while_in_use_then_clears_everything():
     assert sim.schedule(c)
     assert m.pool.num_free == 0
     sim.end_step()
+
+
+def test_a_block_whose_parent_was_evicted_gives_way_to_a_fresh_copy():
+    """Its parent registration is gone for good: keeping it would block the prefix."""
+    m = manager(6)
+    sim = Sim(m)
+    a = make(m, "a", [1] * 4 + [2] * 4 + [3])
+    assert sim.schedule(a)
+    sim.end_step(append=False)
+    first, second = a.kv_blocks[0][:2]
+    sim.free(a)
+    m.pool.touch([second])  # keep the child; evict only the parent
+    while first.block_hash is not None:
+        m.pool.take(1)
+    for block in m.pool.blocks[1:]:  # give back what the eviction took
+        if block is not second and block.ref_cnt:
+            m.pool.release([block])
+    m.pool.release([second])
+    assert second.block_hash is not None  # cached, but chained to a registration now gone
+    c = make(m, "c", [1] * 4 + [2] * 4 + [4])
+    assert sim.schedule(c)
+    sim.end_step(append=False)
+    sim.free(c)
+    check_invariants(m, [])
+    d = make(m, "d", [1] * 4 + [2] * 4 + [5])
+    assert m.get_computed_blocks(d, 0).num_tokens == 8  # c re-cached both blocks
