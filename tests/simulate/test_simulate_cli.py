@@ -251,3 +251,23 @@ def test_window_requests_are_admitted_by_what_a_window_holds(tmp_path):
 def test_empty_groups_is_a_clear_error(capsys):
     assert main(["simulate", "--no-progress", "--groups", ","]) == 2
     assert "names no group" in capsys.readouterr().err
+
+
+# -- state groups: a Bamba-like attention group plus Mamba2 state groups ----------------
+
+
+@pytest.mark.parametrize("workload", sorted(SMALL))
+def test_mamba_hybrid_like_small_workloads_with_checks(tmp_path, workload):
+    args = ["--workload", workload, "--block-size", "8", "--check", *SMALL[workload]]
+    r = simulate(tmp_path, "--model-spec", "mamba-hybrid-like", *args)
+    assert r["groups"] == ["full", "mamba:4", "mamba:4", "mamba:4"]
+    assert r["duplicate_blocks_peak"] == 0
+    assert r["prefix_hit_tokens"] + r["prefill_tokens_computed"] == r["prompt_tokens"]
+    # A state resumes only from snapshots: never more hits than full attention alone.
+    full = simulate(tmp_path, *args)
+    assert r["prefix_hit_tokens"] <= full["prefix_hit_tokens"]
+    assert r["generated_tokens"] == full["generated_tokens"]
+    if workload == "identical-burst":  # one waits a step, then resumes at the boundary
+        assert r["prefill_tokens_computed"] == r["ideal_prefill_tokens"]
+    if workload != "random":
+        assert r["prefix_hit_tokens"] > 0
