@@ -21,6 +21,14 @@ def next_token(tokens: list[int]) -> int:
     return (sum(tokens[-4:]) + len(tokens)) % VOCAB
 
 
+def assert_drained(m: KVCacheManager) -> None:
+    """Every request freed: the pool is all free, once each, and still consistent."""
+    pool = m.pool
+    assert pool.num_used == 0
+    assert sorted(pool.free_block_ids()) == list(range(1, len(pool.blocks)))
+    check_invariants(m, [], {})
+
+
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from _kvsim import ceil_div, next_token, prefix_key
+from _kvsim import assert_drained, ceil_div, next_token, prefix_key
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -399,10 +399,7 @@ class HybridMachine(RuleBasedStateMachine):
             return
         for seq in list(self.seqs.values()):
             self.free(seq)
-        pool = self.m.pool
-        assert pool.num_used == 0
-        assert sorted(pool.free_block_ids()) == list(range(1, len(pool.blocks)))
-        check_invariants(self.m, [], {})
+        assert_drained(self.m)
 
 
 TestHybridMachine = HybridMachine.TestCase

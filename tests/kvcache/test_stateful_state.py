@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from _kvsim import assert_drained
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -385,10 +386,7 @@ class StateMachine(RuleBasedStateMachine):
             return
         for seq in list(self.seqs.values()):
             self.free(seq)
-        pool = self.m.pool
-        assert pool.num_used == 0
-        assert sorted(pool.free_block_ids()) == list(range(1, len(pool.blocks)))
-        check_invariants(self.m, [], {})
+        assert_drained(self.m)
 
 
 TestStateMachine = StateMachine.TestCase
