@@ -16,7 +16,7 @@ import platform
 import statistics
 import time
 
-from kvserve.kvcache import CacheSequence, KVCacheConfig, KVCacheManager
+from kvserve.kvcache import KVCacheConfig, KVCacheManager
 from kvserve.kvcache.hashing import HASH_FUNCTIONS, BlockHasher
 from kvserve.simulate.simulator import SimConfig, simulate
 from kvserve.simulate.workloads import WORKLOADS
@@ -45,37 +45,36 @@ def bench_ops(repeat: int) -> list[tuple[str, float, float]]:
         # Fill most of the pool with cached, freed content so allocation must evict.
         filler = []
         for i in range((POOL - 1) // blocks_per_seq - n_seqs):
-            seq = CacheSequence(f"fill{r}-{i}", [(i * 7919 + j) % 32000 for j in range(tokens)])
-            m.add_sequence(seq)
-            m.allocate_slots(seq, tokens, 0)
-            filler.append(seq)
+            rid = f"fill{r}-{i}"
+            m.add_request(rid, [(i * 7919 + j) % 32000 for j in range(tokens)])
+            m.allocate_slots(rid, tokens, 0)
+            filler.append(rid)
         m.end_step()
-        for seq in filler:
-            m.free(seq)
-        seqs = [
-            CacheSequence(f"s{r}-{i}", [(i * 104729 + j) % 32000 for j in range(tokens)])
-            for i in range(n_seqs)
-        ]
-        for seq in seqs:
-            m.add_sequence(seq)
+        for rid in filler:
+            m.free(rid)
+        prompts = {
+            f"s{r}-{i}": [(i * 104729 + j) % 32000 for j in range(tokens)] for i in range(n_seqs)
+        }
+        for rid, prompt in prompts.items():
+            m.add_request(rid, prompt)
         t0 = clock()
-        for seq in seqs:
-            m.allocate_slots(seq, tokens, 0)
+        for rid in prompts:
+            m.allocate_slots(rid, tokens, 0)
         samples.setdefault("allocate_slots (new request, per block)", []).append(
             (clock() - t0) / (n_seqs * blocks_per_seq)
         )
         m.end_step()
         t0 = clock()
-        for seq in seqs:
-            m.free(seq)
+        for rid in prompts:
+            m.free(rid)
         samples.setdefault("free (per block)", []).append(
             (clock() - t0) / (n_seqs * blocks_per_seq)
         )
-        again = [CacheSequence(f"a{r}-{i}", list(s.token_ids)) for i, s in enumerate(seqs)]
-        for seq in again:
-            m.add_sequence(seq)
+        again = {f"a{r}-{i}": list(p) for i, p in enumerate(prompts.values())}
+        for rid, prompt in again.items():
+            m.add_request(rid, prompt)
         t0 = clock()
-        hits = [m.get_computed_blocks(seq) for seq in again]
+        hits = [m.get_computed_blocks(rid) for rid in again]
         samples.setdefault("lookup, verified hit (per block)", []).append(
             (clock() - t0) / sum(len(h.blocks[0]) for h in hits)
         )
@@ -88,13 +87,13 @@ def bench_ops(repeat: int) -> list[tuple[str, float, float]]:
         for hit in hits:
             m.pool.release(reversed(hit.blocks[0]))
         # Decode: one slot per step, in an existing block 15 times out of 16.
-        seq = again[0]
-        m.allocate_slots(seq, 1, 0)
+        rid, tokens_of_rid = next(iter(again.items()))
+        m.allocate_slots(rid, 1, 0)
         t0 = clock()
         steps = 4096
         for step in range(steps):
-            seq.token_ids.append(step % 32000)
-            m.allocate_slots(seq, 1, tokens + step)
+            tokens_of_rid.append(step % 32000)
+            m.allocate_slots(rid, 1, tokens + step)
             m.end_step()
         samples.setdefault("allocate_slots (decode token + end_step)", []).append(
             (clock() - t0) / steps

@@ -445,9 +445,9 @@ def _run_kv_metadata(args: argparse.Namespace) -> int:
     import torch
 
     from kvserve.kvcache.event_metadata import kv_events_metadata
-    from kvserve.kvcache.grouping import group_layers
     from kvserve.kvcache.manager import KVCacheConfig, KVCacheManager
     from kvserve.model.config import load_model_config
+    from kvserve.model.layer_groups import group_layers
     from kvserve.model.runner import layer_kv_specs
 
     config = load_model_config(args.model)

@@ -1,15 +1,21 @@
 """Independent accounting: the ideal prefill and held duplicate blocks.
 
-It hashes content with its own hasher and reads only block tables, so it
+It hashes content with its own hasher and reads only block ids (the tables
+the manager reports after each step, through its public `block_ids`), so it
 checks the manager rather than trusting it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from kvserve.engine.request import Request
 from kvserve.engine.scheduler import SchedulerOutput
-from kvserve.kvcache.hashing import BlockHasher
-from kvserve.kvcache.manager import KVCacheManager
+from kvserve.kvcache.hashing import BlockHasher, extra_key_bytes
+from kvserve.kvcache.specs import KVCacheSpec, SlidingWindowSpec
+
+TablesOf = Callable[[str], list[list[int]]]
+"""Request id -> its block ids per group now (empty tables once it let them go)."""
 
 
 class ContentTracker:
@@ -22,11 +28,18 @@ class ContentTracker:
     block also holds, after each step.
     """
 
-    def __init__(self, block_size: int, group_ratios: list[int | None] | None = None) -> None:
+    def __init__(
+        self,
+        block_size: int,
+        group_ratios: list[int | None] | None = None,
+        has_windows: bool = False,
+    ) -> None:
         """`group_ratios`: per group, hash blocks per physical block (None: a state
-        group, whose per-request state is no shared content); default 1 each."""
+        group, whose per-request state is no shared content); default 1 group of 1.
+        `has_windows`: a sliding window releases blocks, so tables are read each step."""
         self.block_size = block_size
-        self.group_ratios = group_ratios
+        self.group_ratios = group_ratios or [1]
+        self.has_windows = has_windows
         self._hasher = BlockHasher(block_size, "xxh3_128", seed=12345)
         self._seen: set[bytes] = set()
         self._hashes: dict[str, list[bytes]] = {}
@@ -42,7 +55,7 @@ class ContentTracker:
 
     def _content(self, req: Request) -> list[bytes]:
         hashes = self._hashes.setdefault(req.request_id, [])
-        self._hasher.extend(hashes, req.token_ids, req.extra_keys)
+        self._hasher.extend(hashes, req.token_ids, extra_key_bytes(req.lora_name, req.cache_salt))
         return hashes
 
     def admitted(self, req: Request) -> None:
@@ -58,47 +71,52 @@ class ContentTracker:
         self.ideal_prefill_tokens += max(1, req.num_prompt_tokens - lead * self.block_size)
         seen.update(prompt_blocks)
 
-    def after_step(self, out: SchedulerOutput) -> None:
+    def after_step(self, out: SchedulerOutput, tables_of: TablesOf) -> None:
         """Record the full computed blocks each scheduled request now holds."""
         bs = self.block_size
         seen = self._seen
+        ratios = self.group_ratios
+        num_groups = len(ratios)
         for chunk in out.chunks:
             req = chunk.request
             rid = req.request_id
-            tables = req.kv_blocks
+            done = self._num_recorded.get(rid, 0)
+            full = req.num_computed_tokens // bs
+            if full <= done and not self.has_windows:
+                continue
+            tables = tables_of(rid)
             recorded = self._recorded.get(rid)
             if recorded is None:
-                recorded = self._recorded[rid] = [[] for _ in tables]
+                recorded = self._recorded[rid] = [[] for _ in range(num_groups)]
             # Blocks a sliding window released (leading null entries) are no longer held.
-            firsts = self._first_held.setdefault(rid, [0] * len(tables))
+            firsts = self._first_held.setdefault(rid, [0] * num_groups)
             for group, table in enumerate(tables):
                 entries = recorded[group]
                 i = firsts[group]
-                while i < len(entries) and i < len(table) and not table[i].block_id:
-                    if entries[i] is not None:
-                        self._drop(entries[i])  # type: ignore[arg-type]
+                while i < len(entries) and i < len(table) and not table[i]:
+                    entry = entries[i]
+                    if entry is not None:
+                        self._drop(entry)
                         entries[i] = None
                     i += 1
                 firsts[group] = i
-            done = self._num_recorded.get(rid, 0)
-            full = req.num_computed_tokens // bs
             if full <= done:
                 continue
             hashes = self._content(req)
-            ratios = self.group_ratios or [1] * len(tables)
             for i in range(done, full):
                 content = hashes[i]
                 seen.add(content)
-                for group, table in enumerate(tables):
+                for group in range(num_groups):
                     k = ratios[group]
                     if k is None or (i + 1) % k:
                         continue  # a state group, or the physical block is not full yet
                     m = i // k
                     # Finished in this step (computed, already freed): nothing held.
-                    if m >= len(table) or not table[m].block_id:
+                    table = tables[group] if group < len(tables) else []
+                    if m >= len(table) or not table[m]:
                         recorded[group].append(None)
                         continue
-                    entry = ((group, content), table[m].block_id)
+                    entry = ((group, content), table[m])
                     recorded[group].append(entry)
                     holders = self._holders.setdefault(entry[0], {})
                     if entry[1] not in holders and holders:
@@ -131,8 +149,8 @@ class ContentTracker:
             self._hashes.pop(req.request_id, None)
 
 
-def group_ratios(manager: KVCacheManager) -> list[int | None]:
-    """Per group of `manager`: hash blocks per physical block; None for a state group."""
-    return [
-        None if g.kind == "mamba" else g.block_size // manager.block_size for g in manager.groups
-    ]
+def tracker_for(specs: list[KVCacheSpec], hash_block_size: int) -> ContentTracker:
+    """A tracker for these groups: hash blocks per physical block (None: a state group)."""
+    ratios = [None if s.kind == "mamba" else s.block_size // hash_block_size for s in specs]
+    windows = any(isinstance(s, SlidingWindowSpec) for s in specs)
+    return ContentTracker(hash_block_size, ratios, windows)

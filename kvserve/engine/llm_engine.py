@@ -8,28 +8,19 @@ marks blocks computed, appends tokens and finishes requests.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from kvserve.engine.content_tracker import ContentTracker, group_ratios
+from kvserve.batch import Runner
+from kvserve.engine.content_tracker import tracker_for
 from kvserve.engine.engine_args import EngineArgs
-from kvserve.engine.request import Request, RequestStatus
-from kvserve.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from kvserve.engine.request import Request
+from kvserve.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, sampled_tokens
 from kvserve.engine.stop import StopChecker
-from kvserve.kvcache.manager import KVCacheConfig, KVCacheManager
+from kvserve.kvcache.config import KVCacheConfig
+from kvserve.kvcache.manager import KVCacheManager
 from kvserve.outputs import CompletionOutput, RequestOutput
 from kvserve.sampling_params import SamplingParams
-
-
-@dataclass(slots=True, eq=False)
-class EngineRequest(Request):
-    """One sequence of a user request (a request with `n` > 1 has n of them)."""
-
-    params: SamplingParams = field(default_factory=SamplingParams)
-    parent_id: str = ""
-    index: int = 0
-    stop_reason: int | str | None = None
-    stop_text: str | None = None
 
 
 @dataclass(slots=True)
@@ -37,7 +28,7 @@ class _UserRequest:
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
-    sequences: list[EngineRequest]
+    sequences: list[Request]
 
 
 @dataclass(slots=True)
@@ -50,14 +41,24 @@ class EngineStats:
     """Time of steps that only decoded."""
 
 
+@dataclass(slots=True)
+class _TierRecord:
+    """What the tiers' events need of a request whose blocks are saved (plain data)."""
+
+    block_hashes: Any
+    token_ids: list[int]
+    lora_name: str | None
+    cache_salt: str | None
+
+
 class LLMEngine:
-    """Step-level API (the server drives this; LLM.generate loops over it)."""
+    """Step-level API (the server drives this; LLM.generate and `simulate` loop over it)."""
 
     def __init__(self, model: str, args: EngineArgs | None = None) -> None:
         args = args or EngineArgs()
         from kvserve.model.runner import ModelRunner  # torch stays out of kvcache imports
 
-        self.runner = ModelRunner(
+        runner = ModelRunner(
             model,
             block_size=args.block_size,
             num_blocks=args.num_kv_blocks,
@@ -67,8 +68,21 @@ class LLMEngine:
             seed=args.seed,
             num_threads=args.num_threads,
         )
-        self.tokenizer = self.runner.tokenizer
-        limit = self.runner.max_model_len
+        self._setup(runner, args)
+
+    @classmethod
+    def from_runner(
+        cls, runner: Runner, args: EngineArgs | None = None, *, verify_hits: bool = True
+    ) -> LLMEngine:
+        """An engine over a runner built elsewhere (`simulate`'s model-free runner)."""
+        engine = cls.__new__(cls)
+        engine._setup(runner, args or EngineArgs(), verify_hits=verify_hits)
+        return engine
+
+    def _setup(self, runner: Runner, args: EngineArgs, verify_hits: bool = True) -> None:
+        self.runner = runner
+        self.tokenizer = runner.tokenizer
+        limit = runner.max_model_len
         max_model_len = args.max_model_len
         if max_model_len is None:
             max_model_len = limit
@@ -76,18 +90,20 @@ class LLMEngine:
             raise ValueError(f"max_model_len {max_model_len} exceeds the model's {limit}")
         self.manager = KVCacheManager(
             KVCacheConfig(
-                num_blocks=self.runner.num_blocks,
+                num_blocks=runner.num_blocks,
                 block_size=args.block_size,
                 enable_prefix_caching=args.enable_prefix_caching,
                 hash_fn=args.hash_fn,
                 hash_seed=args.hash_seed,
-                specs=self.runner.kv_cache_specs,
+                verify_hits=verify_hits,
+                specs=runner.kv_cache_specs,
             )
         )
         self.connector = None
         """The external KV tiers (kvserve.offload); None when `offload` is not set."""
         if args.offload:
             self.connector = self._make_connector(args)
+        self.stop_checker = StopChecker(self.tokenizer, runner.eos_token_ids)
         self.scheduler = Scheduler(
             self.manager,
             SchedulerConfig(
@@ -95,14 +111,17 @@ class LLMEngine:
                 max_num_batched_tokens=args.max_num_batched_tokens,
                 max_model_len=max_model_len,
             ),
-            stop_fn=self._stop,
+            stop_checker=self.stop_checker,
             connector=self.connector,
         )
-        self.stop_checker = StopChecker(self.tokenizer, self.runner.eos_token_ids)
         self.stats = EngineStats()
-        self.tracker = ContentTracker(args.block_size, group_ratios(self.manager))
+        self.tracker = tracker_for(runner.kv_cache_specs, args.block_size)
+        """Independent count of the ideal prefill and of duplicate blocks held."""
+        self.last_step_num_chunks = 0
+        """Chunks the last step ran (0: nothing could be scheduled)."""
         self._requests: dict[str, _UserRequest] = {}
-        self._vocab_size = self.runner.vocab_size
+        self._admitted: set[str] = set()
+        self._vocab_size = runner.vocab_size
         self.kv_events = None
         """KV cache events (kvserve.events.EngineKVEvents); None when disabled."""
         if args.kv_events_config is not None:
@@ -122,7 +141,9 @@ class LLMEngine:
 
         if not args.enable_prefix_caching:
             raise ValueError("offload needs prefix caching (its keys are the block hashes)")
-        runner = self.runner
+        runner: Any = self.runner
+        if runner.model_dir is None:
+            raise ValueError("offload needs a model checkpoint (its fingerprint keys the tiers)")
         fingerprint = kv_fingerprint(
             runner.model_dir,
             runner.dtype,
@@ -131,11 +152,11 @@ class LLMEngine:
             args.hash_fn,
             args.hash_seed,
         )
-        store = build_store(args.offload, fingerprint)  # type: ignore[arg-type]
+        store = build_store(args.offload, fingerprint)
         atexit.register(store.close)  # queued disk writes land before the process exits
         layout = runner.layer_groups
         self.block_io = KVBlockIO(runner.kv_tensors, layout.layer_group, layout.layer_slot)
-        return OffloadConnector(store, self.manager)
+        return OffloadConnector(store, runner.kv_cache_specs, args.block_size)
 
     # -- requests ---------------------------------------------------------------
 
@@ -169,18 +190,17 @@ class LLMEngine:
                 seed = None if params.seed is None else params.seed + index
                 child = _replace(params, n=1, seed=seed)
             sequences.append(
-                EngineRequest(
+                Request(
                     request_id if params.n == 1 else f"{request_id}#{index}",
                     list(token_ids),
+                    params=child,
                     lora_name=lora_name,
                     cache_salt=cache_salt,
-                    max_tokens=params.max_tokens,
-                    params=child,
                     parent_id=request_id,
                     index=index,
                 )
             )
-        added: list[EngineRequest] = []
+        added: list[Request] = []
         try:
             for seq in sequences:
                 self.scheduler.add_request(seq)
@@ -215,6 +235,8 @@ class LLMEngine:
             return
         for seq in user.sequences:
             self.scheduler.abort_request(seq)
+            self.tracker.released(seq)
+            self._admitted.discard(seq.request_id)
             self.runner.free_request(seq.request_id)
 
     def has_unfinished_requests(self) -> bool:
@@ -262,22 +284,30 @@ class LLMEngine:
     def _step(self) -> list[RequestOutput]:
         t0 = time.perf_counter()
         out = self.scheduler.schedule()
+        self.last_step_num_chunks = len(out.chunks)
+        tracker = self.tracker
+        for chunk in out.chunks:
+            rid = chunk.request.request_id
+            if rid not in self._admitted:
+                self._admitted.add(rid)
+                tracker.admitted(chunk.request)
         sampled = self._execute(out) if out.chunks else {}
-        for seq in out.preempted:
-            self.tracker.released(seq)
+        for req in out.preempted:
+            tracker.released(req)
         finished = self.scheduler.update(out, sampled)
-        self.tracker.after_step(out)
-        for seq in finished:
-            self.tracker.released(seq)
-            self.runner.free_request(seq.request_id)
+        tracker.after_step(out, self._tables_of)
+        for req in finished:
+            tracker.released(req)
+            self._admitted.discard(req.request_id)
+            self.runner.free_request(req.request_id)
         self.stats.generated_tokens += len(sampled)
         elapsed = time.perf_counter() - t0
         if any(c.num_tokens > 1 or c.start < c.request.num_prompt_tokens for c in out.chunks):
             self.stats.prefill_step_seconds += elapsed
         else:
             self.stats.decode_step_seconds += elapsed
-        touched = {c.request.parent_id: None for c in out.chunks}  # type: ignore[attr-defined]
-        touched.update({seq.parent_id: None for seq in finished})
+        touched = {c.request.parent_id: None for c in out.chunks}
+        touched.update({req.parent_id: None for req in finished})
         outputs = []
         for parent_id in touched:
             user = self._requests.get(parent_id)
@@ -289,48 +319,31 @@ class LLMEngine:
                 del self._requests[parent_id]
         return outputs
 
-    def _execute(self, out: SchedulerOutput) -> dict[str, int]:
-        from kvserve.model.runner import SeqChunk
+    def _tables_of(self, request_id: str) -> list[list[int]]:
+        """Block ids a request holds after the step (none once it finished)."""
+        try:
+            return self.manager.block_ids(request_id)
+        except KeyError:
+            return []
 
-        chunks = []
-        for chunk in out.chunks:
-            req: EngineRequest = chunk.request  # type: ignore[assignment]
-            chunks.append(
-                SeqChunk(
-                    request_id=req.request_id,
-                    token_ids=req.token_ids[chunk.start : chunk.start + chunk.num_tokens],
-                    start_pos=chunk.start,
-                    block_tables=[[b.block_id for b in t] for t in req.kv_blocks],
-                    skip_write_until=req.skip_write_tokens,
-                    state_plans=req.state_plans,
-                    sample=chunk.samples,
-                    params=req.params,
-                    num_generated=req.num_output_tokens,
-                )
-            )
+    def _execute(self, out: SchedulerOutput) -> dict[str, int]:
+        """The runner's step over the scheduler's plans, with tier loads and saves around it."""
+        chunks = out.seq_chunks()
         connector = self.connector
         if connector is not None:
             connector.load(self.block_io)
-        tokens = self.runner.execute(chunks, self.manager.take_copies())
+        tokens = self.runner.execute(chunks)
         if connector is not None:
             for chunk in out.chunks:
                 req = chunk.request
-                snapshots = [p.snapshots for p in req.state_plans if p is not None]
-                end = chunk.start + chunk.num_tokens
-                connector.save(self.block_io, req, chunk.start, end, snapshots)
-        return {
-            c.request_id: token
-            for c, token in zip(chunks, tokens, strict=True)
-            if token is not None
-        }
-
-    def _stop(self, req: Request, token: int) -> RequestStatus | None:
-        seq: EngineRequest = req  # type: ignore[assignment]
-        status, reason, text = self.stop_checker.check(seq.params, seq.output_token_ids, token)
-        if status is not None:
-            seq.stop_reason = reason
-            seq.stop_text = text
-        return status
+                record = _TierRecord(
+                    self.manager.block_hashes(req.request_id),
+                    req.token_ids,
+                    req.lora_name,
+                    req.cache_salt,
+                )
+                connector.save(self.block_io, chunk.plan, record)
+        return sampled_tokens(chunks, tokens)
 
     def _output(self, user: _UserRequest) -> RequestOutput:
         completions = []

@@ -3,15 +3,23 @@
 Each sampled token is a function of the request's whole token sequence so far
 (kept as a rolling state, so a step costs O(1)), the way greedy decoding
 behaves: identical prompts continue identically, so generated blocks are
-cacheable, and a later turn's prompt may contain an earlier answer.
+cacheable, and a later turn's prompt may contain an earlier answer. It sits
+behind the same `Runner` interface as the model runner, so `simulate` runs
+the engine's own step loop.
 """
 
 from __future__ import annotations
 
-from kvserve.engine.scheduler import SchedulerOutput
+from pathlib import Path
+from typing import Any
+
+from kvserve.batch import SeqChunk
+from kvserve.kvcache.specs import FullAttentionSpec, KVCacheSpec
 
 _MASK = (1 << 64) - 1
 _MULT = 0x100000001B3
+SAMPLED_VOCAB = 32000
+"""Sampled tokens fall in [0, SAMPLED_VOCAB); prompts may use any uint32 id."""
 
 
 def _mix(state: int, token: int) -> int:
@@ -19,24 +27,43 @@ def _mix(state: int, token: int) -> int:
 
 
 class ModelFreeRunner:
-    def __init__(self, vocab_size: int = 32000) -> None:
-        self.vocab_size = vocab_size
+    """The KV cache layout a simulation asks for, and tokens without a model."""
+
+    def __init__(
+        self,
+        kv_cache_specs: list[KVCacheSpec] | None = None,
+        num_blocks: int = 2,
+        hash_block_size: int = 16,
+        sampled_vocab: int = SAMPLED_VOCAB,
+    ) -> None:
+        """The layout is what an engine over this runner builds its KV cache from
+        (default: one full-attention group)."""
+        self.kv_cache_specs = kv_cache_specs or [FullAttentionSpec(block_size=hash_block_size)]
+        self.num_blocks = num_blocks
+        self.hash_block_size = hash_block_size
+        self.vocab_size = 2**32
+        """Any token id the KV cache can hash (traces bring their own ids)."""
+        self.sampled_vocab = sampled_vocab
+        self.eos_token_ids: set[int] = set()
+        self.max_model_len: int | None = None
+        self.model_dir: Path | None = None
+        self.tokenizer: Any = None
         self._state: dict[str, tuple[int, int]] = {}
         """request id -> (tokens folded in, rolling state)."""
 
-    def execute(self, out: SchedulerOutput) -> dict[str, int]:
+    def execute(self, chunks: list[SeqChunk]) -> list[int | None]:
         """The next token of every chunk that reaches its sequence's end."""
-        sampled = {}
-        for chunk in out.chunks:
-            if not chunk.samples:
+        sampled: list[int | None] = []
+        for chunk in chunks:
+            if not chunk.sample:
+                sampled.append(None)
                 continue
-            req = chunk.request
-            tokens = req.token_ids
-            folded, state = self._state.get(req.request_id, (0, 0xCBF29CE484222325))
+            tokens = chunk.token_ids
+            folded, state = self._state.get(chunk.request_id, (0, 0xCBF29CE484222325))
             for token in tokens[folded:]:
                 state = _mix(state, token)
-            self._state[req.request_id] = (len(tokens), state)
-            sampled[req.request_id] = (state >> 17) % self.vocab_size
+            self._state[chunk.request_id] = (len(tokens), state)
+            sampled.append((state >> 17) % self.sampled_vocab)
         return sampled
 
     def free_request(self, request_id: str) -> None:

@@ -1,11 +1,11 @@
-"""A request as the scheduler sees it."""
+"""A request as the engine and its scheduler see it (the KV cache keeps its own record)."""
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from kvserve.kvcache.sequence import CacheSequence
+from kvserve.sampling_params import SamplingParams
 
 
 class RequestStatus(enum.Enum):
@@ -22,22 +22,42 @@ class RequestStatus(enum.Enum):
 
 
 @dataclass(slots=True, eq=False)
-class Request(CacheSequence):
-    """Prompt plus generated tokens, and how far their KV has been computed."""
+class Request:
+    """One sequence: prompt plus generated tokens, and how far their KV has been computed.
 
+    A user request with `n` > 1 completions is n of these (`parent_id`,
+    `index`). The scheduler owns the counters and appends generated tokens;
+    the KV cache manager reads `token_ids` (it was given this list) and keeps
+    blocks and hashes under `request_id` itself.
+    """
+
+    request_id: str
+    token_ids: list[int]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    lora_name: str | None = None
+    cache_salt: str | None = None
+    parent_id: str = ""
+    index: int = 0
     num_prompt_tokens: int = 0
-    max_tokens: int = 16
     arrival_step: int = 0
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0
     num_cached_tokens: int = -1
     """Prompt tokens not computed at first admission (prefix hit); -1 before."""
     num_preemptions: int = 0
-    error: str | None = None
+    stop_reason: int | str | None = None
+    stop_text: str | None = None
+    """The output text cut before a matched stop string (None: no stop string matched)."""
 
     def __post_init__(self) -> None:
         if not self.num_prompt_tokens:
             self.num_prompt_tokens = len(self.token_ids)
+        if not self.parent_id:
+            self.parent_id = self.request_id
+
+    @property
+    def max_tokens(self) -> int:
+        return self.params.max_tokens
 
     @property
     def num_output_tokens(self) -> int:

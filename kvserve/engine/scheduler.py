@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvserve.batch import SeqChunk
 from kvserve.engine.request import Request, RequestStatus
+from kvserve.engine.stop import StopChecker
 from kvserve.kvcache.manager import KVCacheManager
+from kvserve.kvcache.plan import StepPlan
 
 
 @dataclass(slots=True)
@@ -38,11 +40,12 @@ class SchedulerConfig:
 
 @dataclass(slots=True)
 class ScheduledChunk:
-    """`num_tokens` tokens of `request`, starting at position `start`."""
+    """`num_tokens` tokens of `request`, starting at position `start`, and its KV plan."""
 
     request: Request
     start: int
     num_tokens: int
+    plan: StepPlan
 
     @property
     def samples(self) -> bool:
@@ -60,6 +63,25 @@ class SchedulerOutput:
     def num_batched_tokens(self) -> int:
         return sum(c.num_tokens for c in self.chunks)
 
+    def seq_chunks(self) -> list[SeqChunk]:
+        """The step as a runner reads it: each request's tokens, plan and sampling."""
+        return [
+            SeqChunk(
+                request_id=c.request.request_id,
+                token_ids=c.request.token_ids,
+                plan=c.plan,
+                sample=c.samples,
+                params=c.request.params,
+                num_generated=c.request.num_output_tokens,
+            )
+            for c in self.chunks
+        ]
+
+
+def sampled_tokens(chunks: list[SeqChunk], tokens: list[int | None]) -> dict[str, int]:
+    """Request id -> its new token, for every chunk that sampled (what `update` takes)."""
+    return {c.request_id: t for c, t in zip(chunks, tokens, strict=True) if t is not None}
+
 
 @dataclass(slots=True)
 class SchedulerStats:
@@ -76,10 +98,6 @@ class SchedulerStats:
     """Wall time inside KV cache manager calls (hashing, lookup, allocate, free)."""
 
 
-StopFn = Callable[[Request, int], RequestStatus | None]
-"""Engine hook: the finish status a new token causes, or None to go on."""
-
-
 class Scheduler:
     """FCFS continuous batching; owns request state, asks the manager for blocks."""
 
@@ -87,14 +105,15 @@ class Scheduler:
         self,
         manager: KVCacheManager,
         config: SchedulerConfig | None = None,
-        stop_fn: StopFn | None = None,
+        stop_checker: StopChecker | None = None,
         connector: Any = None,
     ) -> None:
-        """`connector`: an external KV tier (kvserve.offload.OffloadConnector) or None."""
+        """`stop_checker`: decides when a sampled token ends a request (default: only
+        max_tokens); `connector`: external KV tiers (kvserve.offload) or None."""
         self.manager = manager
         self.connector = connector
         self.config = config or SchedulerConfig()
-        self.stop_fn = stop_fn
+        self.stop_checker = stop_checker or StopChecker(None, set())
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.stats = SchedulerStats()
@@ -108,7 +127,9 @@ class Scheduler:
         if reason:
             raise ValueError(f"request {request.request_id}: {reason}")
         t0 = time.perf_counter()
-        self.manager.add_sequence(request)
+        self.manager.add_request(
+            request.request_id, request.token_ids, request.lora_name, request.cache_salt
+        )
         self.stats.manager_seconds += time.perf_counter() - t0
         self.stats.prompt_tokens += request.num_prompt_tokens
         request.status = RequestStatus.WAITING
@@ -140,16 +161,12 @@ class Scheduler:
         """Drop a request between steps; its blocks are freed (still findable)."""
         if request.status.finished:
             return
-        held = request in self.running
         if request in self.waiting:
             self.waiting.remove(request)
-        if held:
+        if request in self.running:
             self.running.remove(request)
         request.status = RequestStatus.FINISHED_ABORTED
-        if held:
-            self._free(request)
-        elif self.connector is not None:
-            self.connector.request_finished(request)
+        self._free(request)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running)
@@ -170,13 +187,13 @@ class Scheduler:
             computed = req.num_computed_tokens
             hit = None
             if computed < len(req.token_ids) - 1:
-                hit = manager.get_computed_blocks(req, computed)
+                hit = manager.get_computed_blocks(req.request_id, computed)
                 if not hit.num_tokens:
                     hit = None
                 else:
                     computed += hit.num_tokens
             num_new = self._chunk(req, computed, budget)
-            while not manager.allocate_slots(req, num_new, computed, hit):
+            while (plan := manager.allocate_slots(req.request_id, num_new, computed, hit)) is None:
                 victim = running.pop()
                 self._preempt(victim, out)
                 if victim is req:
@@ -187,7 +204,7 @@ class Scheduler:
                     if not req.num_preemptions:
                         req.num_cached_tokens += hit.num_tokens
                     req.num_computed_tokens = computed
-                out.chunks.append(ScheduledChunk(req, computed, num_new))
+                out.chunks.append(ScheduledChunk(req, computed, num_new, plan))
                 budget -= num_new
                 i += 1
         waiting = self.waiting
@@ -195,7 +212,8 @@ class Scheduler:
         deferred: list[Request] = []
         while waiting and budget > 0 and len(running) < max_seqs:
             req = waiting[0]
-            hit = manager.get_computed_blocks(req, 0)
+            rid = req.request_id
+            hit = manager.get_computed_blocks(rid, 0)
             if hit.wait:
                 # It would resume from state this step writes (DESIGN invariant 8):
                 # one step later it hits; the requests behind it go on meanwhile.
@@ -205,13 +223,16 @@ class Scheduler:
             external = 0
             if self.connector is not None and not hit.skip_write_tokens:
                 # After every group's local hit: allocate_slots places these after them.
-                external = self.connector.lookup(req, local)
+                external = self.connector.lookup(
+                    rid, len(req.token_ids), manager.block_hashes(rid), local
+                )
             computed = local + external
             num_new = self._chunk(req, computed, budget)
-            if not manager.allocate_slots(req, num_new, local, hit, num_external_tokens=external):
+            plan = manager.allocate_slots(rid, num_new, local, hit, num_external_tokens=external)
+            if plan is None:
                 break
             if external:
-                self.connector.on_allocated(req, local, external)
+                self.connector.on_allocated(rid, plan, local, external)
                 self.stats.external_hit_tokens += external
             waiting.popleft()
             manager.record_query(len(req.token_ids))
@@ -219,10 +240,10 @@ class Scheduler:
                 req.num_cached_tokens = computed
             req.num_computed_tokens = computed
             req.status = RequestStatus.RUNNING
-            self._prefill_end[req.request_id] = len(req.token_ids)
+            self._prefill_end[rid] = len(req.token_ids)
             self.stats.prefix_hit_tokens += local
             running.append(req)
-            out.chunks.append(ScheduledChunk(req, computed, num_new))
+            out.chunks.append(ScheduledChunk(req, computed, num_new, plan))
             budget -= num_new
         waiting.extendleft(reversed(deferred))
         self.stats.manager_seconds += clock() - t0
@@ -252,16 +273,22 @@ class Scheduler:
         out.preempted.append(req)
 
     def _free(self, req: Request) -> None:
-        self.manager.free(req)
-        self._prefill_end.pop(req.request_id, None)
-        if self.connector is not None and req.status.finished:
-            self.connector.request_finished(req)
+        """Give back its blocks; a finished request is forgotten by the cache too."""
+        rid = req.request_id
+        self._prefill_end.pop(rid, None)
+        if not req.status.finished:
+            self.manager.free(rid)  # preempted: its hashes serve the re-admission
+            return
+        self.manager.remove_request(rid)
+        if self.connector is not None:
+            self.connector.request_finished(rid)
 
     def update(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
         """Apply a finished step: advance computed tokens, append samples, finish.
 
         `sampled` maps request id -> new token for every chunk that samples.
-        Returns the requests that finished in this step.
+        Stop checks happen here and only here. Returns the requests that
+        finished in this step.
         """
         clock = time.perf_counter
         t0 = clock()
@@ -270,6 +297,7 @@ class Scheduler:
         self.stats.steps += 1
         finished: list[Request] = []
         stats = self.stats
+        check = self.stop_checker.check
         for chunk in out.chunks:
             req = chunk.request
             prefill_end = self._prefill_end[req.request_id]
@@ -281,13 +309,11 @@ class Scheduler:
                 continue
             token = sampled[req.request_id]
             req.token_ids.append(token)
-            status = None
-            if self.stop_fn is not None:
-                status = self.stop_fn(req, token)
-            if status is None and req.num_output_tokens >= req.max_tokens:
-                status = RequestStatus.FINISHED_LENGTH
+            status, reason, text = check(req, token)
             if status is not None:
                 req.status = status
+                req.stop_reason = reason
+                req.stop_text = text
                 finished.append(req)
         if finished:
             t0 = clock()

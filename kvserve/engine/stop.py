@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvserve.engine.request import RequestStatus
-from kvserve.sampling_params import SamplingParams
+from kvserve.engine.request import Request, RequestStatus
 
 
 class StopChecker:
     """Decides after each token; stop strings are matched on the decoded text.
 
+    The scheduler's update is its only caller, so every stop rule lives here.
     Only requests with stop strings pay for detokenizing during the run; the
     text of the others is decoded once at the end.
     """
@@ -20,17 +20,19 @@ class StopChecker:
         self.eos_token_ids = eos_token_ids
 
     def check(
-        self, params: SamplingParams, output_ids: list[int], token: int
+        self, request: Request, token: int
     ) -> tuple[RequestStatus | None, int | str | None, str | None]:
-        """(finish status or None, stop reason, text when a stop string matched)."""
-        num_out = len(output_ids)
+        """After `token` was appended to `request`: (finish status or None, stop
+        reason, text when a stop string matched)."""
+        params = request.params
+        num_out = request.num_output_tokens
         if num_out >= params.min_tokens:
             if not params.ignore_eos and token in self.eos_token_ids:
                 return RequestStatus.FINISHED_STOPPED, None, None
             if params.stop_token_ids and token in params.stop_token_ids:
                 return RequestStatus.FINISHED_STOPPED, token, None
             if params.stop and self.tokenizer is not None:
-                text = self.decode(output_ids)
+                text = self.decode(request.output_token_ids)
                 for stop in params.stop:
                     at = text.find(stop)
                     if at >= 0:

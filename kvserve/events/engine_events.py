@@ -34,7 +34,7 @@ class EngineKVEvents:
         self.publisher = ZmqEventPublisher(
             config, snapshot_fn=self.snapshot, metadata=self.metadata
         )
-        self.sink.attach(manager)
+        manager.attach_events(self.sink)
         self.tiers: TierEvents | None = None
         """Events of the external tiers, once `watch_tiers` is called."""
 
@@ -63,7 +63,7 @@ class EngineKVEvents:
 
     def close(self) -> None:
         if self.manager.pool.events is self.sink:
-            self.manager.pool.events = None
+            self.manager.attach_events(None)
         self.publisher.close()
 
 

@@ -1,12 +1,8 @@
-"""A physical KV block and its bookkeeping."""
+"""A physical KV block, and a hash block cached inside a larger one (inflated groups)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from kvserve.kvcache.cache_entry import CacheEntry
 
 ROOT_CACHE_ID = -1
 """Parent cache id of a first block: the chain starts at the hasher's root."""
@@ -41,3 +37,25 @@ class KVBlock:
     @property
     def is_cached(self) -> bool:
         return self.block_hash is not None
+
+
+@dataclass(slots=True, eq=False)
+class CacheEntry:
+    """Index entry for hash block `slot` of physical block `block`.
+
+    With inflated blocks, prefix matching and events stay at hash-block
+    granularity: each hash block gets its own entry, verified like a KVBlock
+    (tokens, extra keys, the parent's registration). Evicting the physical
+    block removes all of its entries.
+    """
+
+    block: KVBlock
+    slot: int
+    block_hash: bytes
+    group: int
+    token_ids: list[int] | tuple[int, ...]
+    extra: bytes
+    parent_cache_id: int
+    cache_id: int
+    computed: bool = False
+    """False while the step that fills it is being scheduled (copying from it must wait)."""

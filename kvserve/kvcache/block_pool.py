@@ -6,8 +6,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from kvserve.kvcache.block import KVBlock
-from kvserve.kvcache.cache_entry import CacheEntry
+from kvserve.kvcache.block import CacheEntry, KVBlock
 
 if TYPE_CHECKING:
     from kvserve.kvcache.event_sink import KVEventSink

@@ -14,8 +14,9 @@ per CacheEntry when the physical block is evicted), and a state snapshot is
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kvserve.kvcache.events import (
     MEDIUM_GPU,
@@ -27,13 +28,22 @@ from kvserve.kvcache.events import (
 )
 
 if TYPE_CHECKING:
-    from kvserve.kvcache.block import KVBlock
-    from kvserve.kvcache.cache_entry import CacheEntry
-    from kvserve.kvcache.manager import KVCacheManager
-    from kvserve.kvcache.sequence import CacheSequence
+    from kvserve.kvcache.block import CacheEntry, KVBlock
 
 
-def block_extra_keys(seq: CacheSequence, i: int) -> tuple[Any, ...] | None:
+class HashedSequence(Protocol):
+    """What an event needs of a request: its block hashes and extra keys.
+
+    The manager's CacheSequence has these; the offload connector passes its
+    own plain record of a request whose blocks it stored.
+    """
+
+    block_hashes: Sequence[bytes]
+    lora_name: str | None
+    cache_salt: str | None
+
+
+def block_extra_keys(seq: HashedSequence, i: int) -> tuple[Any, ...] | None:
     """The extra keys hashed into block `i`: the LoRA name, and the cache salt (block 0)."""
     keys = []
     if seq.lora_name is not None:
@@ -45,7 +55,10 @@ def block_extra_keys(seq: CacheSequence, i: int) -> tuple[Any, ...] | None:
 
 @dataclass(slots=True)
 class KVEventSink:
-    """Collects one step's events; `take()` hands them over and starts afresh."""
+    """Collects one step's events; `take()` hands them over and starts afresh.
+
+    `KVCacheManager.attach_events(sink)` makes a manager record into it.
+    """
 
     hash_block_size: int
     int_block_hashes: bool = True
@@ -54,18 +67,11 @@ class KVEventSink:
     """Per group: (kv_cache_spec_kind, sliding window or None)."""
     events: list[KVEvent] = field(default_factory=list)
     _run: BlockStored | None = None
-    _run_seq: CacheSequence | None = None
+    _run_seq: HashedSequence | None = None
     _run_group: int = -1
     _run_next: int = -1
 
-    def attach(self, manager: KVCacheManager) -> None:
-        """Start recording `manager`'s events (its pool's sink becomes this one)."""
-        if manager.block_size != self.hash_block_size:
-            raise ValueError("the sink's hash block size differs from the manager's")
-        self.group_kinds = [(g.kind, getattr(g, "window", None)) for g in manager.groups]
-        manager.pool.events = self
-
-    def stored(self, group_id: int, seq: CacheSequence, i: int, token_ids: list[int]) -> None:
+    def stored(self, group_id: int, seq: HashedSequence, i: int, token_ids: list[int]) -> None:
         """Hash block `i` of `seq` was just registered in group `group_id`."""
         h = wire_hash(seq.block_hashes[i], self.int_block_hashes)
         run = self._run

@@ -91,6 +91,10 @@ class FullAttentionGroup:
     def remove_skipped(self, seq: CacheSequence, num_computed_tokens: int) -> None:
         """Full attention keeps every block."""
 
+    def max_blocks_held(self, num_tokens: int, max_chunk_tokens: int | None) -> int:
+        """Most blocks one request of `num_tokens` tokens holds at once in this group."""
+        return -(-num_tokens // self.block_size)
+
     def cache_full_blocks(
         self, seq: CacheSequence, start: int, end: int, anchors: list[int] | None = None
     ) -> list[int]:
@@ -179,10 +183,18 @@ class SlidingWindowGroup(FullAttentionGroup):
         super().__init__(group_id, spec, pool, verify)  # type: ignore[arg-type]
         self.window = spec.sliding_window
 
-    def _first_needed(self, num_tokens: int) -> int:
+    def first_needed(self, num_tokens: int) -> int:
         """Index of the first block a token at position `num_tokens` still reads."""
         first_key = num_tokens - self.window + 1
         return first_key // self.block_size if first_key > 0 else 0
+
+    def max_blocks_held(self, num_tokens: int, max_chunk_tokens: int | None) -> int:
+        """Only the window plus the chunk being computed (when chunks are bounded)."""
+        full = -(-num_tokens // self.block_size)
+        if max_chunk_tokens is None:
+            return full
+        span = self.window - 1 + max_chunk_tokens
+        return min(full, -(-span // self.block_size) + 1)
 
     def find_window_hit(
         self,
@@ -225,7 +237,7 @@ class SlidingWindowGroup(FullAttentionGroup):
         while k > start:
             # A hit covering every token recomputes the last one (at len - 1, its
             # write skipped): its window, and the block holding it, must be there.
-            lo = max(start, self._first_needed(min(k * bs, len(tokens) - 1)))
+            lo = max(start, self.first_needed(min(k * bs, len(tokens) - 1)))
             for i in range(k - 1, lo - 1, -1):
                 if lookup(i) is None:
                     k = i
@@ -239,7 +251,7 @@ class SlidingWindowGroup(FullAttentionGroup):
     def remove_skipped(self, seq: CacheSequence, num_computed_tokens: int) -> None:
         """Release blocks no token from `num_computed_tokens` on will read."""
         table = seq.kv_blocks[self.group_id]
-        end = min(self._first_needed(num_computed_tokens), len(table))
+        end = min(self.first_needed(num_computed_tokens), len(table))
         null = self.pool.null_block
         i = seq.num_skipped_blocks[self.group_id]
         if i >= end:

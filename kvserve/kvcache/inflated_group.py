@@ -10,25 +10,11 @@ which needs the source to be computed already.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from kvserve.kvcache.block import ROOT_CACHE_ID, KVBlock
+from kvserve.kvcache.block import ROOT_CACHE_ID, CacheEntry, KVBlock
 from kvserve.kvcache.block_pool import BlockPool
-from kvserve.kvcache.cache_entry import CacheEntry
+from kvserve.kvcache.plan import CopyOp
 from kvserve.kvcache.sequence import CacheSequence
 from kvserve.kvcache.specs import FullAttentionSpec
-
-
-@dataclass(slots=True, frozen=True)
-class CopyOp:
-    """Copy `num_tokens` K/V slots of one group from block to block, before the step."""
-
-    group: int
-    src_block: int
-    src_offset: int
-    dst_block: int
-    dst_offset: int
-    num_tokens: int
 
 
 class InflatedAttentionGroup:
@@ -175,6 +161,10 @@ class InflatedAttentionGroup:
     def num_new_blocks(self, seq: CacheSequence, num_tokens: int, num_hit: int) -> int:
         """Physical blocks to take so `num_tokens` tokens have slots (`num_hit` are shared)."""
         return -(-num_tokens // self.block_size) - len(seq.kv_blocks[self.group_id]) - num_hit
+
+    def max_blocks_held(self, num_tokens: int, max_chunk_tokens: int | None) -> int:
+        """Its table plus the copy-on-write source of a partial hit."""
+        return -(-num_tokens // self.block_size) + 1
 
     def cache_full_blocks(self, seq: CacheSequence, start: int, end: int) -> None:
         """Register hash blocks `start..end-1` (all of their tokens are scheduled).

@@ -1,8 +1,11 @@
-"""DESIGN.md's invariants as a checker: tests and `simulate --check` call it."""
+"""The map's invariants as a checker: tests and `simulate --check` call it.
+
+docs/design.md numbers the invariants; this module checks 1, 2, 3, 6 and 7
+on the manager's own records (every request it tracks). 4, 5, 8, 9, 10 and
+11 are properties of a sequence of calls, not of one state: tests cover them.
+"""
 
 from __future__ import annotations
-
-from collections.abc import Iterable
 
 from kvserve.kvcache.manager import KVCacheManager
 from kvserve.kvcache.sequence import CacheSequence
@@ -12,16 +15,18 @@ class InvariantError(AssertionError):
     """A DESIGN.md invariant does not hold."""
 
 
-def count_duplicate_blocks(
-    manager: KVCacheManager, seqs: Iterable[CacheSequence], num_computed: dict[str, int]
-) -> int:
+def _holders(manager: KVCacheManager) -> list[CacheSequence]:
+    return [seq for seq in manager.sequences() if seq.holds_blocks]
+
+
+def count_duplicate_blocks(manager: KVCacheManager, num_computed: dict[str, int]) -> int:
     """Physical blocks holding content that another held block also holds.
 
     Content identity is the chained hash of the computed full block, so this
     counts what an exact cache would store once and we store more than once.
     """
     duplicates = 0
-    seqs = list(seqs)
+    seqs = _holders(manager)
     for group in manager.groups:
         if group.kind == "mamba":
             continue  # a running state is per request; snapshots are deduplicated by hash
@@ -49,17 +54,16 @@ def count_duplicate_blocks(
 
 def check_invariants(
     manager: KVCacheManager,
-    seqs: Iterable[CacheSequence],
     num_computed: dict[str, int] | None = None,
     *,
     between_steps: bool = True,
 ) -> None:
     """Raise InvariantError naming the first broken invariant.
 
-    `seqs`: every sequence that holds blocks. `num_computed`: request id ->
-    computed tokens; when given, slots and duplicates are checked too.
+    `num_computed`: request id -> computed tokens of every request that
+    holds blocks; when given, slots and duplicates are checked too.
     """
-    seqs = list(seqs)
+    seqs = _holders(manager)
     pool = manager.pool
     bs = manager.block_size
     holders = [0] * len(pool.blocks)
@@ -145,6 +149,8 @@ def check_invariants(
         return
     # 6. slots exist for exactly the computed tokens; a window keeps what it reads.
     for seq in seqs:
+        if seq.request_id not in num_computed:
+            raise InvariantError(f"{seq.request_id} holds blocks but is not running")
         computed = num_computed[seq.request_id]
         for group, table in zip(manager.groups, seq.kv_blocks, strict=True):
             need = -(-computed // group.block_size)
@@ -162,6 +168,6 @@ def check_invariants(
                     raise InvariantError(f"{seq.request_id}: a block inside the window is gone")
     # 7. identical full blocks are never held twice.
     if manager.enable_caching:
-        duplicates = count_duplicate_blocks(manager, seqs, num_computed)
+        duplicates = count_duplicate_blocks(manager, num_computed)
         if duplicates:
             raise InvariantError(f"{duplicates} duplicate blocks held")

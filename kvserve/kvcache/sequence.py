@@ -1,23 +1,22 @@
-"""The KV cache's view of one request."""
+"""The KV cache manager's record of one request: its hashes and the blocks it holds."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from kvserve.kvcache.block import KVBlock
-
-if TYPE_CHECKING:
-    from kvserve.kvcache.state_group import StatePlan
+from kvserve.kvcache.plan import CopyOp, StatePlan
 
 
 @dataclass(slots=True, eq=False)
 class CacheSequence:
-    """Token ids plus the cache state the manager keeps per request.
+    """Per request, everything the manager tracks; only the manager writes it.
 
-    The engine's request extends this class. `token_ids` grows as tokens are
-    generated; `block_hashes` follows it one full hash block at a time. The
-    fields after `extra_keys` belong to the manager: nothing else writes them.
+    `token_ids` is the request's own token list, read here and appended to
+    only by the request's owner (the scheduler), so generated tokens need no
+    second copy. Everything else belongs to the manager, which keeps these
+    records keyed by request id (`KVCacheManager.sequence` shows one to
+    tests and the invariant checker).
     """
 
     request_id: str
@@ -25,8 +24,8 @@ class CacheSequence:
     lora_name: str | None = None
     cache_salt: str | None = None
     block_hashes: list[bytes] = field(default_factory=list)
+    """One chained hash per full hash block, extended as tokens are added."""
     extra_keys: tuple[bytes, bytes] = (b"", b"")
-    # Manager-owned state.
     kv_blocks: list[list[KVBlock]] = field(default_factory=list)
     """Per group, the physical blocks of this request's block table."""
     num_cached_blocks: int = 0
@@ -44,7 +43,13 @@ class CacheSequence:
     snapshot a state hit resumes from, snapshots being written."""
     state_plans: list[StatePlan | None] = field(default_factory=list)
     """Per group (None for attention): this step's state plan for the runner."""
+    copies: list[CopyOp] = field(default_factory=list)
+    """This step's copy-on-write operations, handed to the runner in the step plan."""
 
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def holds_blocks(self) -> bool:
+        return any(self.kv_blocks) or bool(self.merges) or bool(self.transient)

@@ -10,43 +10,71 @@ prefill, and a preempted request is looked up again when re-admitted.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 from kvserve.kvcache.block import KVBlock
-from kvserve.kvcache.inflated_group import CopyOp, InflatedAttentionGroup
+from kvserve.kvcache.block_pool import BlockPool
+from kvserve.kvcache.config import KVCacheConfig
+from kvserve.kvcache.coordinator import Coordinator, PrefixHit
+from kvserve.kvcache.inflated_group import InflatedAttentionGroup
+from kvserve.kvcache.plan import StatePlan
 from kvserve.kvcache.sequence import CacheSequence
-from kvserve.kvcache.state_group import MambaStateGroup, StatePlan
-
-if TYPE_CHECKING:
-    from kvserve.kvcache.manager import KVCacheManager, PrefixHit
+from kvserve.kvcache.specs import FullAttentionSpec, KVCacheSpec, MambaStateSpec
+from kvserve.kvcache.state_group import MambaStateGroup
 
 
-class StateCoordinator:
-    """The manager's hybrid path: per-hash-block hits, copies, snapshots, two phases."""
+def build_state_groups(config: KVCacheConfig, pool: BlockPool, specs: list[KVCacheSpec]) -> list:
+    """Inflated attention and state groups; every state page sits in a bounded share."""
+    if not 0 < config.state_snapshot_share <= 1:
+        raise ValueError(
+            f"state_snapshot_share must be in (0, 1], got {config.state_snapshot_share}"
+        )
+    for spec in specs:
+        if spec.block_size % config.block_size:
+            raise ValueError(
+                f"group block size {spec.block_size} != hash block size {config.block_size}"
+            )
+    num_states = sum(isinstance(spec, MambaStateSpec) for spec in specs)
+    share = max(1, int(config.num_blocks * config.state_snapshot_share) // num_states)
+    groups: list[Any] = []
+    for i, spec in enumerate(specs):
+        if isinstance(spec, MambaStateSpec):
+            groups.append(
+                MambaStateGroup(i, spec, pool, config.verify_hits, config.block_size, share)
+            )
+        elif isinstance(spec, FullAttentionSpec):
+            groups.append(
+                InflatedAttentionGroup(i, spec, pool, config.verify_hits, config.block_size)
+            )
+        else:
+            raise ValueError(
+                "sliding-window layers together with Mamba state layers are not supported"
+            )
+    if not any(isinstance(g, InflatedAttentionGroup) for g in groups):
+        raise ValueError("Mamba state groups need a full-attention group to anchor prefix hits")
+    return groups
 
-    def __init__(self, manager: KVCacheManager) -> None:
-        self.manager = manager
-        self.pool = manager.pool
-        self.hash_block_size = manager.block_size
-        self.groups = manager.groups
+
+class StateCoordinator(Coordinator):
+    """The hybrid path: per-hash-block hits, copies, snapshots, two phases."""
+
+    def __init__(self, config: KVCacheConfig, pool: BlockPool, specs: list[KVCacheSpec]) -> None:
+        super().__init__(config, pool, build_state_groups(config, pool, specs))
+        self.hash_block_size = config.block_size
         self.attention = [g for g in self.groups if isinstance(g, InflatedAttentionGroup)]
         self.states = [g for g in self.groups if isinstance(g, MambaStateGroup)]
         self.anchor = self.attention[0]
-        self.copies: list[CopyOp] = []
         self._transient_seqs: list[CacheSequence] = []
 
     def lookup(self, seq: CacheSequence, num_computed_tokens: int) -> PrefixHit:
         """Longest usable hit at admission; `wait` when one step's wait would give more."""
-        from kvserve.kvcache.manager import PrefixHit
-
-        manager = self.manager
         hb = self.hash_block_size
         # The last token is always computed, and a state can only resume before it.
         candidate = (len(seq.token_ids) - 1) // hb
-        if num_computed_tokens or not manager.enable_caching or candidate <= 0:
-            return manager._empty_hit
+        if num_computed_tokens or not self.enable_caching or candidate <= 0:
+            return self.empty_hit
         if len(seq.block_hashes) < candidate:
-            manager._hash(seq)
+            self.hash(seq)
         anchors = self.anchor.find_entries(seq, candidate)
         found = {self.anchor.group_id: anchors}
         candidate = len(anchors)
@@ -66,9 +94,7 @@ class StateCoordinator:
                     candidate = c
                     stable = False
         if not candidate:
-            return (
-                PrefixHit([[] for _ in self.groups], 0, wait=wait) if wait else manager._empty_hit
-            )
+            return PrefixHit([[] for _ in self.groups], 0, wait=wait) if wait else self.empty_hit
         blocks: list[list[KVBlock | None]] = []
         sources: list[list] = []
         for group in self.groups:
@@ -79,7 +105,7 @@ class StateCoordinator:
             else:
                 blocks.append([])
                 sources.append([group.hit_page(seq, candidate)])
-        return PrefixHit(blocks, candidate * hb, sources=sources, wait=wait)  # type: ignore[arg-type]
+        return PrefixHit(blocks, candidate * hb, sources=sources, wait=wait)
 
     def allocate(
         self,
@@ -91,7 +117,6 @@ class StateCoordinator:
         num_external_tokens: int,
     ) -> bool:
         """Two phases, all or nothing: take every group's hits, then every new block."""
-        manager = self.manager
         pool = self.pool
         hb = self.hash_block_size
         chunk_start = num_computed_tokens + num_external_tokens
@@ -111,12 +136,12 @@ class StateCoordinator:
             for b in shared:
                 touched[b.block_id] = b
             if isinstance(group, MambaStateGroup):
-                page = hit.sources[gid][0]  # type: ignore[index]
+                page = hit.sources[gid][0]
                 touched[page.block_id] = page
             else:
                 for m, b in enumerate(hit_blocks):
                     if b is None:
-                        for entry in hit.sources[gid][m * group.k : (m + 1) * group.k]:  # type: ignore[index]
+                        for entry in hit.sources[gid][m * group.k : (m + 1) * group.k]:
                             touched[entry.block.block_id] = entry.block
         reclaimed = sum(1 for b in touched.values() if b.ref_cnt == 0)
         if sum(needs) > pool.num_free - reclaimed:
@@ -128,49 +153,41 @@ class StateCoordinator:
             for group in self.groups:
                 shared = [b for b in hit.blocks[group.group_id] if b is not None]
                 pool.touch(shared)
-            sources = [
-                b
-                for b in touched.values()
-                if not any(b in h for h in hit.blocks)  # type: ignore[operator]
-            ]
+            sources = [b for b in touched.values() if not any(b in h for h in hit.blocks)]
             pool.touch(sources)
             seq.transient.extend(sources)
             for group in self.states:
-                group.touch_hit(hit.sources[group.group_id][0])  # type: ignore[index]
+                group.touch_hit(hit.sources[group.group_id][0])
         # Phase 2: copy-on-write targets and new blocks for every group.
         for group, n in zip(self.groups, needs, strict=True):
             table = seq.kv_blocks[group.group_id]
             if hit is not None and isinstance(group, InflatedAttentionGroup):
-                entries = hit.sources[group.group_id]  # type: ignore[index]
+                entries = hit.sources[group.group_id]
                 c = hit.num_tokens // hb
                 for m, b in enumerate(hit.blocks[group.group_id]):
                     if b is None:
                         b = pool.take(1)[0]
-                        self.copies.extend(group.copies(entries, c, m, b))
+                        seq.copies.extend(group.copies(entries, c, m, b))
                         n -= 1
                     table.append(b)
             if n > 0:
                 table.extend(pool.take(n))
-        stats = manager.stats
         if hit is not None:
             seq.num_cached_blocks = hit.num_tokens // hb
-            stats.hit_tokens += hit.num_tokens
-        used = pool.num_used
-        if used > stats.peak_blocks_used:
-            stats.peak_blocks_used = used
-        caching = manager.enable_caching and not seq.cache_chain_broken
+            self.stats.hit_tokens += hit.num_tokens
+        self._note_peak()
+        caching = self.enable_caching and not seq.cache_chain_broken
         if caching:
             full = end // hb
             if len(seq.block_hashes) < full:
-                manager._hash(seq)
+                self.hash(seq)
             start = seq.num_cached_blocks
             if full > start:
                 had_merges = bool(seq.merges)
                 for group in self.attention:
                     group.cache_full_blocks(seq, start, full)
                 seq.num_cached_blocks = full
-                if seq.merges and not had_merges:
-                    manager._merging.append(seq)
+                self._queue_merges(seq, had_merges)
         self._plan_states(
             seq,
             hit,
@@ -204,7 +221,7 @@ class StateCoordinator:
             if external:
                 state_in = running.block_id  # the connector loads the external snapshot here
             elif hit is not None:
-                state_in = hit.sources[gid][0].block_id  # type: ignore[index]
+                state_in = hit.sources[gid][0].block_id
             else:
                 state_in = running.block_id if start else 0
             plan = StatePlan(state_in, running.block_id)
@@ -221,26 +238,21 @@ class StateCoordinator:
                     plan.snapshots.append((p - start, page.block_id))
             seq.state_plans[gid] = plan
 
-    def take_copies(self) -> list[CopyOp]:
-        """This step's copy-on-write operations (the runner does them before the forward)."""
-        copies = self.copies
-        self.copies = []
-        return copies
-
     def end_step(self) -> None:
-        """Release what was held for the step only."""
+        """Release what was held for the step only, then merge and mark computed."""
         release = self.pool.release
         for seq in self._transient_seqs:
             release(reversed(seq.transient))
             seq.transient.clear()
         self._transient_seqs.clear()
-        self.copies.clear()
+        super().end_step()
 
-    def forget(self, seq: CacheSequence) -> None:
-        """`seq` is being freed: release its step-only blocks too."""
+    def free(self, seq: CacheSequence) -> None:
+        """Release the step-only blocks too, then every table."""
         if seq.transient:
             self.pool.release(reversed(seq.transient))
             seq.transient.clear()
             if seq in self._transient_seqs:
                 self._transient_seqs.remove(seq)
         seq.state_plans = []
+        super().free(seq)

@@ -17,27 +17,10 @@ step ends.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from kvserve.kvcache.block import KVBlock
+from kvserve.kvcache.block import CacheEntry, KVBlock
 from kvserve.kvcache.block_pool import BlockPool
-from kvserve.kvcache.cache_entry import CacheEntry
 from kvserve.kvcache.sequence import CacheSequence
 from kvserve.kvcache.specs import MambaStateSpec
-
-
-@dataclass(slots=True)
-class StatePlan:
-    """What the runner does with one request's state in one step, for one group.
-
-    Read the state from page `state_in` (0: start from zeros), run the chunk,
-    write the final state to `state_out`, and after the first k tokens of the
-    chunk also write the state to page p for each (k, p) in `snapshots`.
-    """
-
-    state_in: int
-    state_out: int
-    snapshots: list[tuple[int, int]] = field(default_factory=list)
 
 
 class MambaStateGroup:
@@ -113,6 +96,10 @@ class MambaStateGroup:
     def num_new_blocks(self, seq: CacheSequence, num_tokens: int, num_hit: int) -> int:
         """A running-state page, once."""
         return 0 if seq.kv_blocks[self.group_id] else 1
+
+    def max_blocks_held(self, num_tokens: int, max_chunk_tokens: int | None) -> int:
+        """The running state and the snapshot a hit resumes from."""
+        return 2
 
     def snapshot_positions(self, seq: CacheSequence, start: int, end: int) -> list[int]:
         """Positions in (start, end] after which to keep the state (see `may_snapshot`).

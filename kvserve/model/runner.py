@@ -1,11 +1,12 @@
 """The model runner: one forward step over a batch of scheduled chunks.
 
-The scheduler hands over, per request, the tokens to compute, where they
-start and the request's block tables (one per KV cache group); the runner
-turns that into slot mappings and attention metadata (one per group), runs
-the model once over the whole
-flattened batch, and samples the last position of each chunk that asks for
-it. It knows nothing about hashing or eviction (DESIGN: data flows one way).
+The engine hands over, per request, a `SeqChunk`: its tokens and the KV
+cache's `StepPlan` (positions to compute, block tables per group, copies,
+state plans). The runner turns that into slot mappings and attention
+metadata (one per group), runs the model once over the whole flattened
+batch, and samples the last position of each chunk that asks for it. It
+reads only plans and specs: nothing about hashing, eviction or how groups
+are managed (docs/design.md: data flows one way).
 """
 
 from __future__ import annotations
@@ -13,22 +14,20 @@ from __future__ import annotations
 import logging
 import math
 import os
-from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from kvserve.kvcache.grouping import GroupLayout, group_layers
-from kvserve.kvcache.inflated_group import CopyOp
+from kvserve.batch import SeqChunk
+from kvserve.kvcache.plan import CopyOp
 from kvserve.kvcache.specs import (
     FullAttentionSpec,
     KVCacheSpec,
     MambaStateSpec,
     SlidingWindowSpec,
 )
-from kvserve.kvcache.state_group import StatePlan
 from kvserve.model.attention import AttentionMetadata
 from kvserve.model.config import ModelConfig
 from kvserve.model.kv_memory import (
@@ -36,41 +35,14 @@ from kvserve.model.kv_memory import (
     default_kv_cache_memory,
     num_blocks_for,
 )
+from kvserve.model.layer_groups import GroupLayout, group_layers
 from kvserve.model.loader import load_model
 from kvserve.model.sampler import sample
 from kvserve.model.tokenizer import load_tokenizer
-from kvserve.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclass(slots=True)
-class SeqChunk:
-    """One request's share of a step."""
-
-    request_id: str
-    token_ids: list[int]
-    """Tokens to compute this step (at least one)."""
-    start_pos: int
-    """Tokens of this request already in the KV cache = position of token_ids[0]."""
-    block_tables: list[list[int]]
-    """Per KV cache group: physical block ids covering positions [0, start_pos +
-    len(token_ids)); a sliding-window group may hold the null block 0 before its window."""
-    skip_write_until: int = 0
-    """Positions below this already hold their K/V in shared blocks: read, never written."""
-    sample: bool = True
-    """Sample from the logits of this chunk's last token (False for a non-final prefill chunk)."""
-    params: SamplingParams | None = None
-    """None means greedy."""
-    generator: torch.Generator | None = None
-    """Overrides the generator the runner keeps for a seeded request."""
-    num_generated: int = 0
-    """Tokens this request has generated so far: below `params.min_tokens` no stop token
-    (eos unless ignore_eos, stop_token_ids) can be sampled."""
-    state_plans: list[StatePlan | None] | None = None
-    """Per KV cache group: the state plan of a state (Mamba) group, None for attention."""
 
 
 def default_device() -> torch.device:
@@ -233,13 +205,12 @@ class ModelRunner:
         """The checkpoint's tokenizer (transformers, offline), loaded on first use."""
         return load_tokenizer(self.model_dir)
 
-    def execute(
-        self, chunks: list[SeqChunk], copies: list[CopyOp] | None = None
-    ) -> list[int | None]:
+    def execute(self, chunks: list[SeqChunk]) -> list[int | None]:
         """Run one step; the sampled token of each chunk (None where sample=False).
 
-        `copies` (copy-on-write of partially hit blocks) are done first.
+        The plans' copies (copy-on-write of partially hit blocks) are done first.
         """
+        copies = [op for chunk in chunks for op in chunk.plan.copies]
         if copies:
             self._copy(copies)
         if not chunks:
@@ -249,17 +220,17 @@ class ModelRunner:
         spans = []
         for chunk in chunks:
             self._check(chunk)
-            num = len(chunk.token_ids)
-            input_ids.extend(chunk.token_ids)
-            positions.extend(range(chunk.start_pos, chunk.start_pos + num))
-            spans.append((chunk.start_pos, num, chunk.skip_write_until))
+            plan = chunk.plan
+            input_ids.extend(chunk.new_token_ids)
+            positions.extend(range(plan.start, plan.end))
+            spans.append((plan.start, plan.num_tokens, plan.skip_write_until))
         device = self.device
         group_metas = [
             self._state_metadata(chunks, g)
             if isinstance(spec, MambaStateSpec)
             else AttentionMetadata.build(
                 [
-                    (start, num, chunk.block_tables[g], skip)
+                    (start, num, chunk.plan.block_ids[g], skip)
                     for (start, num, skip), chunk in zip(spans, chunks, strict=True)
                 ],
                 self.block_size,
@@ -272,7 +243,7 @@ class ModelRunner:
         rows, params, generators, banned = [], [], [], []
         last = -1
         for chunk in chunks:
-            last += len(chunk.token_ids)
+            last += chunk.plan.num_tokens
             if chunk.sample:
                 rows.append(last)
                 params.append(chunk.params)
@@ -298,8 +269,8 @@ class ModelRunner:
         segments = []
         row = 0
         for chunk in chunks:
-            plan = chunk.state_plans[group]  # type: ignore[index]
-            num = len(chunk.token_ids)
+            plan = chunk.plan.state_plans[group]  # checked in _check
+            num = chunk.plan.num_tokens
             segments.append(
                 StateSegment(row, num, plan.state_in, plan.state_out, list(plan.snapshots))
             )
@@ -349,43 +320,43 @@ class ModelRunner:
 
     def _check(self, chunk: SeqChunk) -> None:
         """Reject a malformed chunk with a message that names the request."""
-        ids = chunk.token_ids
-        if not ids:
-            raise ValueError(f"request {chunk.request_id}: a chunk needs at least one token")
-        if chunk.start_pos < 0:
-            raise ValueError(f"request {chunk.request_id}: negative start_pos {chunk.start_pos}")
+        plan = chunk.plan
+        rid = chunk.request_id
+        if plan.start < 0:
+            raise ValueError(f"request {rid}: negative start_pos {plan.start}")
+        ids = chunk.new_token_ids
+        if not ids or plan.num_tokens < 1:
+            raise ValueError(f"request {rid}: a chunk needs at least one token")
+        if len(ids) != plan.num_tokens:
+            raise ValueError(f"request {rid}: the plan covers tokens the request does not have")
         if min(ids) < 0 or max(ids) >= self.vocab_size:
+            raise ValueError(f"request {rid}: token ids must be in [0, {self.vocab_size})")
+        end = plan.end
+        if len(plan.block_ids) != len(self.kv_cache_specs):
             raise ValueError(
-                f"request {chunk.request_id}: token ids must be in [0, {self.vocab_size})"
-            )
-        end = chunk.start_pos + len(ids)
-        if len(chunk.block_tables) != len(self.kv_cache_specs):
-            raise ValueError(
-                f"request {chunk.request_id}: {len(chunk.block_tables)} block tables for "
+                f"request {rid}: {len(plan.block_ids)} block tables for "
                 f"{len(self.kv_cache_specs)} KV cache groups"
             )
         if self.state_groups:
-            plans = chunk.state_plans
+            plans = plan.state_plans
             if plans is None or len(plans) != len(self.kv_cache_specs):
-                raise ValueError(f"request {chunk.request_id}: state groups need state plans")
+                raise ValueError(f"request {rid}: state groups need state plans")
             for g in self.state_groups:
-                plan = plans[g]
-                if plan is None or not plan.state_out:
-                    raise ValueError(f"request {chunk.request_id}: group {g} has no state page")
-                pages = [plan.state_in, plan.state_out, *(p for _, p in plan.snapshots)]
+                state = plans[g]
+                if state is None or not state.state_out:
+                    raise ValueError(f"request {rid}: group {g} has no state page")
+                pages = [state.state_in, state.state_out, *(p for _, p in state.snapshots)]
                 if any(p < 0 or p >= self.num_blocks for p in pages):
                     raise ValueError(
-                        f"request {chunk.request_id}: state pages must be in [0, {self.num_blocks})"
+                        f"request {rid}: state pages must be in [0, {self.num_blocks})"
                     )
-        for g, table in enumerate(chunk.block_tables):
+        for g, table in enumerate(plan.block_ids):
             if g in self.state_groups:
                 continue
             if len(table) * self.block_size < end:
                 raise ValueError(
-                    f"request {chunk.request_id}: block table of {len(table)} blocks "
+                    f"request {rid}: block table of {len(table)} blocks "
                     f"cannot hold {end} tokens (block size {self.block_size})"
                 )
             if any(b < 0 or b >= self.num_blocks for b in table):
-                raise ValueError(
-                    f"request {chunk.request_id}: block ids must be in [0, {self.num_blocks})"
-                )
+                raise ValueError(f"request {rid}: block ids must be in [0, {self.num_blocks})")

@@ -18,14 +18,13 @@ out corrupt) in between costs a miss, never a load of missing data.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Any, Protocol
 
+from kvserve.kvcache.plan import StepPlan
+from kvserve.kvcache.specs import KVCacheSpec
 from kvserve.offload.store import TierStack
-
-if TYPE_CHECKING:
-    from kvserve.kvcache.manager import KVCacheManager
-    from kvserve.kvcache.sequence import CacheSequence
 
 
 class BlockIO(Protocol):
@@ -81,15 +80,26 @@ def block_key(group: int, block_hash: bytes) -> bytes:
     return bytes((group,)) + block_hash
 
 
-class OffloadConnector:
-    """Moves hash blocks and state snapshots between the pool and a TierStack."""
+@dataclass(slots=True, frozen=True)
+class _Group:
+    group_id: int
+    ratio: int
+    """Hash blocks per physical block."""
 
-    def __init__(self, store: TierStack, manager: KVCacheManager) -> None:
+
+class OffloadConnector:
+    """Moves hash blocks and state snapshots between the pool and a TierStack.
+
+    It reads the groups' specs, the request's block hashes and the step
+    plans: plain data, never the KV cache manager's records.
+    """
+
+    def __init__(self, store: TierStack, specs: list[KVCacheSpec], hash_block_size: int) -> None:
         self.store = store
-        self.manager = manager
-        self.hash_block_size = manager.block_size
-        self.attention = [g for g in manager.groups if g.kind != "mamba"]
-        self.states = [g for g in manager.groups if g.kind == "mamba"]
+        self.hash_block_size = hash_block_size
+        groups = [_Group(g, s.block_size // hash_block_size) for g, s in enumerate(specs)]
+        self.attention = [g for g, s in zip(groups, specs, strict=True) if s.kind != "mamba"]
+        self.states = [g for g, s in zip(groups, specs, strict=True) if s.kind == "mamba"]
         self.stats = OffloadStats()
         self._staged: dict[str, _Staged] = {}
         self._loads: list[_Load] = []
@@ -97,16 +107,22 @@ class OffloadConnector:
 
     # -- scheduler side -----------------------------------------------------------
 
-    def lookup(self, seq: CacheSequence, num_local_hit_tokens: int) -> int:
+    def lookup(
+        self,
+        request_id: str,
+        num_tokens: int,
+        block_hashes: Sequence[bytes],
+        num_local_hit_tokens: int,
+    ) -> int:
         """External hit tokens after the local hit (a multiple of the hash block)."""
         hb = self.hash_block_size
-        self._staged.pop(seq.request_id, None)
-        if not self.manager.enable_caching or num_local_hit_tokens % hb:
+        self._staged.pop(request_id, None)
+        if num_local_hit_tokens % hb:
             return 0
         start = num_local_hit_tokens // hb
-        limit = min((len(seq.token_ids) - 1) // hb, len(seq.block_hashes))
+        limit = min((num_tokens - 1) // hb, len(block_hashes))
         contains = self.store.contains
-        hashes = seq.block_hashes
+        hashes = block_hashes
         end = start
         while end < limit and all(
             contains(block_key(g.group_id, hashes[end])) for g in self.attention
@@ -120,17 +136,16 @@ class OffloadConnector:
                     end -= 1
                 if end == start:
                     return 0
-            staged = self._read(seq, start, end)
+            staged = self._read(hashes, start, end)
             if isinstance(staged, _Staged):
-                self._staged[seq.request_id] = staged
+                self._staged[request_id] = staged
                 return (end - start) * hb
             end = staged  # a payload went missing: try shorter
         return 0
 
-    def _read(self, seq: CacheSequence, start: int, end: int) -> _Staged | int:
+    def _read(self, hashes: Sequence[bytes], start: int, end: int) -> _Staged | int:
         """All payloads of [start, end), or the shorter end to retry with."""
         get = self.store.get
-        hashes = seq.block_hashes
         blocks = []
         for i in range(start, end):
             row = []
@@ -149,35 +164,35 @@ class OffloadConnector:
         return _Staged(start, end, blocks, states)
 
     def on_allocated(
-        self, seq: CacheSequence, num_local_hit_tokens: int, num_external: int
+        self, request_id: str, plan: StepPlan, num_local_hit_tokens: int, num_external: int
     ) -> None:
-        """`seq` got blocks for its external tokens: plan their loads for this step."""
+        """The request got blocks for its external tokens: plan their loads for this step."""
         if not num_external:
             return
-        staged = self._staged.pop(seq.request_id)
+        staged = self._staged.pop(request_id)
         hb = self.hash_block_size
         if (
             staged.start * hb != num_local_hit_tokens
             or (staged.end - staged.start) * hb != num_external
         ):
-            raise RuntimeError(f"request {seq.request_id}: allocation differs from its lookup")
+            raise RuntimeError(f"request {request_id}: allocation differs from its lookup")
         for i, row in zip(range(staged.start, staged.end), staged.blocks, strict=True):
             for g, data in zip(self.attention, row, strict=True):
-                k = g.block_size // hb
-                block = seq.kv_blocks[g.group_id][i // k]
-                if block.block_id:  # a sliding window may already have let it go
-                    self._loads.append(_Load(g.group_id, block.block_id, (i % k) * hb, hb, data))
+                k = g.ratio
+                block_id = plan.block_ids[g.group_id][i // k]
+                if block_id:  # a sliding window may already have let it go
+                    self._loads.append(_Load(g.group_id, block_id, (i % k) * hb, hb, data))
         for g, data in zip(self.states, staged.states, strict=True):
-            running = seq.kv_blocks[g.group_id][0]
-            self._loads.append(_Load(g.group_id, running.block_id, 0, None, data))
+            running = plan.block_ids[g.group_id][0]
+            self._loads.append(_Load(g.group_id, running, 0, None, data))
         self.stats.external_hit_tokens += num_external
         # What was loaded is in the tiers already: never saved again.
-        saved = self._saved.setdefault(seq.request_id, _Saved())
+        saved = self._saved.setdefault(request_id, _Saved())
         saved.num_blocks = max(saved.num_blocks, staged.end)
 
-    def request_finished(self, seq: CacheSequence) -> None:
-        self._staged.pop(seq.request_id, None)
-        self._saved.pop(seq.request_id, None)
+    def request_finished(self, request_id: str) -> None:
+        self._staged.pop(request_id, None)
+        self._saved.pop(request_id, None)
 
     # -- worker side --------------------------------------------------------------
 
@@ -192,39 +207,45 @@ class OffloadConnector:
         self._loads.clear()
         self.stats.load_seconds += time.perf_counter() - t0
 
-    def save(self, io: BlockIO, seq: CacheSequence, start: int, end: int, snapshots) -> None:
-        """Offer what a step computed for `seq` (tokens [start, end)) to the tiers.
+    def save(self, io: BlockIO, plan: StepPlan, record: Any) -> None:
+        """Offer what a step computed for one request to the tiers.
 
         Full hash blocks of every attention group, and the state snapshots the
-        step took (`snapshots`: per state group, the plan's (offset, page) pairs).
+        step took (the plan's state plans). `record` has the request's
+        `block_hashes`, `token_ids`, `lora_name` and `cache_salt` (plain data;
+        the tiers' events describe the stored blocks with it).
         """
-        if not self.manager.enable_caching or seq.cache_chain_broken:
+        full = plan.num_cacheable_blocks
+        if not full:
             return
         t0 = time.perf_counter()
         hb = self.hash_block_size
-        saved = self._saved.setdefault(seq.request_id, _Saved())
-        full = min(end // hb, len(seq.block_hashes))
+        hashes = record.block_hashes
+        start = plan.start
+        saved = self._saved.setdefault(plan.request_id, _Saved())
         first = max(saved.num_blocks, start // hb)
         contains = self.store.contains
         for i in range(first, full):
             for g in self.attention:
-                key = block_key(g.group_id, seq.block_hashes[i])
-                k = g.block_size // hb
-                block = seq.kv_blocks[g.group_id][i // k]
-                if not block.block_id or contains(key):
+                key = block_key(g.group_id, hashes[i])
+                k = g.ratio
+                block_id = plan.block_ids[g.group_id][i // k]
+                if not block_id or contains(key):
                     continue
-                data = io.read(g.group_id, block.block_id, (i % k) * hb, hb)
-                self.store.put(key, data, seq, i)
+                data = io.read(g.group_id, block_id, (i % k) * hb, hb)
+                self.store.put(key, data, record, i)
                 self.stats.bytes_saved += len(data)
         saved.num_blocks = max(saved.num_blocks, full)
-        for g, pairs in zip(self.states, snapshots, strict=True):
-            for offset, page in pairs:
+        state_plans = plan.state_plans or []
+        for g in self.states:
+            state = state_plans[g.group_id]
+            for offset, page in state.snapshots if state is not None else ():
                 i = (start + offset) // hb - 1
-                key = block_key(g.group_id, seq.block_hashes[i])
+                key = block_key(g.group_id, hashes[i])
                 if contains(key):
                     continue
                 data = io.read(g.group_id, page)
-                self.store.put(key, data, seq, i)
+                self.store.put(key, data, record, i)
                 self.stats.bytes_saved += len(data)
         self.stats.save_seconds += time.perf_counter() - t0
 

@@ -13,12 +13,9 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from kvserve.offload.tiers import Tier
-
-if TYPE_CHECKING:
-    from kvserve.kvcache.sequence import CacheSequence
 
 logger = logging.getLogger(__name__)
 
@@ -60,9 +57,7 @@ class TierStack:
                 return data
         return None
 
-    def put(
-        self, key: bytes, data: bytes, seq: CacheSequence | None = None, index: int = -1
-    ) -> None:
+    def put(self, key: bytes, data: bytes, seq: Any = None, index: int = -1) -> None:
         """Store in the memory tiers now and in the others from the background thread."""
         for tier in self._now:
             self._put_into(tier, key, data, seq, index)

@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import contextlib
 import heapq
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kvserve.engine.content_tracker import ContentTracker, group_ratios
+from kvserve.engine.engine_args import EngineArgs
+from kvserve.engine.llm_engine import LLMEngine
 from kvserve.engine.model_free_runner import ModelFreeRunner
-from kvserve.engine.request import Request
-from kvserve.engine.scheduler import Scheduler, SchedulerConfig
-from kvserve.kvcache.grouping import inflate_for_state
+from kvserve.engine.scheduler import Scheduler
 from kvserve.kvcache.invariants import check_invariants
-from kvserve.kvcache.manager import KVCacheConfig, KVCacheManager
-from kvserve.kvcache.specs import spec_from_name
+from kvserve.kvcache.specs import inflate_for_state, spec_from_name
+from kvserve.sampling_params import SamplingParams
 from kvserve.simulate.workloads import SimRequest, Workload
 
 DEFAULT_MAX_BLOCKS = 1_000_000
@@ -69,68 +67,49 @@ def simulate(
     progress: Callable[[int], None] | None = None,
     before_step: Callable[[Scheduler, Any], None] | None = None,
 ) -> dict:
-    """Run `workload` to completion; returns the report (see README for the keys).
+    """Run `workload` to completion through the engine's step loop; the report.
 
-    `before_step(scheduler, kv_events)` runs before each step is scheduled, with
-    the step's arrivals already waiting (tests compare a subscriber's view there).
+    The engine runs the model-free runner, so everything but the model is
+    the real thing: scheduler, KV cache manager, stop checks, events.
+    `before_step(scheduler, kv_events)` runs before each step is scheduled,
+    with the step's arrivals already waiting (tests compare a subscriber's
+    view there).
     """
     num_blocks = config.num_blocks or ample_blocks(workload, config.block_size, len(config.groups))
-    manager = KVCacheManager(
-        KVCacheConfig(
-            num_blocks=num_blocks,
+    specs = inflate_for_state([spec_from_name(g, config.block_size) for g in config.groups])
+    runner = ModelFreeRunner(specs, num_blocks, config.block_size)
+    engine = LLMEngine.from_runner(
+        runner,
+        EngineArgs(
             block_size=config.block_size,
-            specs=inflate_for_state([spec_from_name(g, config.block_size) for g in config.groups]),
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
             enable_prefix_caching=config.enable_prefix_caching,
             hash_fn=config.hash_fn,
             hash_seed=config.hash_seed,
-            verify_hits=config.verify_hits,
-        )
-    )
-    scheduler = Scheduler(
-        manager,
-        SchedulerConfig(
-            max_num_seqs=config.max_num_seqs,
-            max_num_batched_tokens=config.max_num_batched_tokens,
+            kv_events_config=config.kv_events_config,
         ),
+        verify_hits=config.verify_hits,
     )
-    runner = ModelFreeRunner()
-    kv_events = None
-    if config.kv_events_config is not None:
-        from kvserve.events.engine_events import make_engine_events  # pyzmq only when asked
-
-        kv_events = make_engine_events(manager, config.kv_events_config)
     try:
-        return _run(
-            workload,
-            config,
-            manager,
-            scheduler,
-            runner,
-            num_blocks,
-            progress,
-            before_step,
-            kv_events,
-        )
+        return _run(workload, config, engine, num_blocks, progress, before_step)
     finally:
-        if kv_events is not None:
+        if engine.kv_events is not None:
             time.sleep(config.kv_events_linger)
-            kv_events.close()
+        engine.shutdown()
 
 
 def _run(
     workload: Workload,
     config: SimConfig,
-    manager: KVCacheManager,
-    scheduler: Scheduler,
-    runner: ModelFreeRunner,
+    engine: LLMEngine,
     num_blocks: int,
     progress: Callable[[int], None] | None,
     before_step: Callable[[Scheduler, Any], None] | None,
-    kv_events: Any,
 ) -> dict:
-    """The simulation loop; each step runs under the events lock (snapshots see whole steps)."""
-    step_lock = kv_events.lock if kv_events is not None else contextlib.nullcontext()
-    tracker = ContentTracker(config.block_size, group_ratios(manager))
+    """Arrivals by step, one engine step each, follow-up turns as answers finish."""
+    scheduler = engine.scheduler
+    manager = engine.manager
     arrivals: list[tuple[int, int, SimRequest]] = []
     order = 0
     for sim_req in workload.requests:
@@ -139,73 +118,59 @@ def _run(
     source: dict[str, SimRequest] = {}
     requests = rejected = generated = 0
     errors: list[str] = []
-    admitted: set[str] = set()
     step = 0
     wall0 = time.perf_counter()
-    while arrivals or scheduler.has_unfinished_requests():
-        if not scheduler.has_unfinished_requests() and arrivals[0][0] > step:
+    while arrivals or engine.has_unfinished_requests():
+        if not engine.has_unfinished_requests() and arrivals[0][0] > step:
             step = arrivals[0][0]
         while arrivals and arrivals[0][0] <= step:
             sim_req = heapq.heappop(arrivals)[2]
-            req = Request(
-                sim_req.request_id,
-                list(sim_req.prompt_token_ids),
-                max_tokens=sim_req.max_tokens,
-                arrival_step=step,
-            )
             requests += 1
+            params = SamplingParams(max_tokens=sim_req.max_tokens, temperature=0.0)
             try:
-                scheduler.add_request(req)
+                engine.add_request(sim_req.request_id, list(sim_req.prompt_token_ids), params)
             except ValueError as exc:
                 rejected += 1
                 errors.append(str(exc))
                 continue
-            source[req.request_id] = sim_req
-        if not scheduler.has_unfinished_requests():
+            source[sim_req.request_id] = sim_req
+        if not engine.has_unfinished_requests():
             step += 1  # every arrival of this step was rejected
             continue
         if before_step is not None:
-            before_step(scheduler, kv_events)
-        with step_lock:
-            out = scheduler.schedule()
-            if not out.chunks:
-                raise RuntimeError(
-                    f"step {step}: nothing could be scheduled "
-                    f"({len(scheduler.waiting)} waiting, {len(scheduler.running)} running)"
-                )
-            for req in out.preempted:
-                tracker.released(req)
-            for chunk in out.chunks:
-                if chunk.request.request_id not in admitted:
-                    admitted.add(chunk.request.request_id)
-                    tracker.admitted(chunk.request)
-            sampled = runner.execute(out)
-            finished = scheduler.update(out, sampled)
-            if kv_events is not None:
-                kv_events.end_step()
-        tracker.after_step(out)
+            before_step(scheduler, engine.kv_events)
+        outputs = engine.step()
+        if not engine.last_step_num_chunks:
+            raise RuntimeError(
+                f"step {step}: nothing could be scheduled "
+                f"({len(scheduler.waiting)} waiting, {len(scheduler.running)} running)"
+            )
         if config.check:
             held = scheduler.running
-            check_invariants(manager, held, {r.request_id: r.num_computed_tokens for r in held})
-        for req in finished:
-            tracker.released(req)
-            runner.free_request(req.request_id)
-            generated += req.num_output_tokens
-            sim_req = source.pop(req.request_id)
+            check_invariants(manager, {r.request_id: r.num_computed_tokens for r in held})
+        finished = 0
+        for output in outputs:
+            if not output.finished:
+                continue
+            finished += 1
+            tokens = output.outputs[0].token_ids
+            generated += len(tokens)
+            sim_req = source.pop(output.request_id)
             if workload.follow_up is not None:
-                nxt = workload.follow_up(sim_req, req.output_token_ids, step)
+                nxt = workload.follow_up(sim_req, tokens, step)
                 if nxt is not None:
                     heapq.heappush(arrivals, (nxt.arrival_step, order, nxt))
                     order += 1
         if progress is not None and finished:
-            progress(len(finished))
+            progress(finished)
         step += 1
     wall = time.perf_counter() - wall0
     if config.check:
-        check_invariants(manager, [], {})
+        check_invariants(manager, {})
         if manager.pool.num_used:
             raise AssertionError(f"{manager.pool.num_used} blocks still used after the run")
     s = scheduler.stats
+    tracker = engine.tracker
     hit_total = s.prefix_hit_tokens + s.prefill_tokens_computed
     return {
         "workload": workload.name,

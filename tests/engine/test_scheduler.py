@@ -4,10 +4,17 @@ import pytest
 
 from kvserve.engine.model_free_runner import ModelFreeRunner
 from kvserve.engine.request import Request, RequestStatus
-from kvserve.engine.scheduler import Scheduler, SchedulerConfig
+from kvserve.engine.scheduler import Scheduler, SchedulerConfig, sampled_tokens
 from kvserve.kvcache import KVCacheConfig, KVCacheManager, check_invariants
+from kvserve.sampling_params import SamplingParams
 
 BS = 4
+
+
+def execute(runner, out):
+    """One runner step over the scheduler's plans: request id -> sampled token."""
+    chunks = out.seq_chunks()
+    return sampled_tokens(chunks, runner.execute(chunks))
 
 
 def make(num_blocks=64, budget=32, max_seqs=8, max_model_len=None, caching=True):
@@ -22,9 +29,9 @@ def make(num_blocks=64, budget=32, max_seqs=8, max_model_len=None, caching=True)
 
 def step(sched, runner):
     out = sched.schedule()
-    finished = sched.update(out, runner.execute(out))
+    finished = sched.update(out, execute(runner, out))
     held = sched.running
-    check_invariants(sched.manager, held, {r.request_id: r.num_computed_tokens for r in held})
+    check_invariants(sched.manager, {r.request_id: r.num_computed_tokens for r in held})
     return out, finished
 
 
@@ -38,10 +45,10 @@ def run_all(sched, runner, limit=10_000):
 
 def test_decodes_first_then_chunked_prefill_within_budget():
     sched, runner = make(budget=10)
-    a = Request("a", list(range(100, 106)), max_tokens=5)
+    a = Request("a", list(range(100, 106)), params=SamplingParams(max_tokens=5))
     sched.add_request(a)
     step(sched, runner)  # a's prompt (6 tokens)
-    b = Request("b", list(range(200, 230)), max_tokens=2)
+    b = Request("b", list(range(200, 230)), params=SamplingParams(max_tokens=2))
     sched.add_request(b)
     out, _ = step(sched, runner)
     assert [(c.request.request_id, c.num_tokens) for c in out.chunks] == [("a", 1), ("b", 8)]
@@ -56,7 +63,7 @@ def test_decodes_first_then_chunked_prefill_within_budget():
 
 def test_max_num_seqs_and_fcfs():
     sched, runner = make(max_seqs=2, budget=100)
-    reqs = [Request(f"r{i}", [i + 1] * 5, max_tokens=3) for i in range(4)]
+    reqs = [Request(f"r{i}", [i + 1] * 5, SamplingParams(max_tokens=3)) for i in range(4)]
     for r in reqs:
         sched.add_request(r)
     out, _ = step(sched, runner)
@@ -68,12 +75,12 @@ def test_max_num_seqs_and_fcfs():
 def test_never_fitting_request_is_rejected_and_others_go_on():
     sched, runner = make(num_blocks=9, max_model_len=40)
     with pytest.raises(ValueError, match="max_model_len"):
-        sched.add_request(Request("long", list(range(1, 40)), max_tokens=5))
+        sched.add_request(Request("long", list(range(1, 40)), params=SamplingParams(max_tokens=5)))
     with pytest.raises(ValueError, match="KV blocks"):
-        sched.add_request(Request("huge", list(range(1, 30)), max_tokens=8))
+        sched.add_request(Request("huge", list(range(1, 30)), params=SamplingParams(max_tokens=8)))
     with pytest.raises(ValueError, match="empty"):
-        sched.add_request(Request("empty", [], max_tokens=8))
-    ok = Request("ok", list(range(1, 10)), max_tokens=4)
+        sched.add_request(Request("empty", [], SamplingParams(max_tokens=8)))
+    ok = Request("ok", list(range(1, 10)), params=SamplingParams(max_tokens=4))
     sched.add_request(ok)
     run_all(sched, runner)
     assert ok.status is RequestStatus.FINISHED_LENGTH and ok.num_output_tokens == 4
@@ -84,7 +91,10 @@ def test_preemption_of_newest_and_recompute_gives_same_tokens():
 
     def outputs(num_blocks):
         sched, runner = make(num_blocks=num_blocks, budget=64, max_seqs=8)
-        reqs = [Request(f"r{i}", list(p), max_tokens=12) for i, p in enumerate(prompts)]
+        reqs = [
+            Request(f"r{i}", list(p), params=SamplingParams(max_tokens=12))
+            for i, p in enumerate(prompts)
+        ]
         for r in reqs:
             sched.add_request(r)
         run_all(sched, runner)
@@ -101,7 +111,9 @@ def test_preemption_of_newest_and_recompute_gives_same_tokens():
 
 def test_same_step_identical_prompts_compute_once():
     sched, runner = make(budget=200)
-    reqs = [Request(f"r{i}", list(range(1, 23)), max_tokens=2) for i in range(3)]
+    reqs = [
+        Request(f"r{i}", list(range(1, 23)), params=SamplingParams(max_tokens=2)) for i in range(3)
+    ]
     for r in reqs:
         sched.add_request(r)
     out, _ = step(sched, runner)
@@ -114,10 +126,10 @@ def test_same_step_identical_prompts_compute_once():
 def test_later_chunk_takes_blocks_another_request_cached_meanwhile():
     sched, runner = make(budget=12)
     prompt = list(range(1, 33))  # 8 blocks
-    a = Request("a", list(prompt), max_tokens=1)
+    a = Request("a", list(prompt), params=SamplingParams(max_tokens=1))
     sched.add_request(a)
     step(sched, runner)  # a computes 12 tokens
-    b = Request("b", list(prompt), max_tokens=1)
+    b = Request("b", list(prompt), params=SamplingParams(max_tokens=1))
     sched.add_request(b)
     for _ in run_all(sched, runner):
         pass
@@ -128,14 +140,14 @@ def test_later_chunk_takes_blocks_another_request_cached_meanwhile():
 
 def test_fully_cached_prompt_computes_one_token():
     sched, runner = make()
-    first = Request("first", list(range(1, 9)), max_tokens=1)
+    first = Request("first", list(range(1, 9)), params=SamplingParams(max_tokens=1))
     sched.add_request(first)
     run_all(sched, runner)
-    again = Request("again", list(range(1, 9)), max_tokens=3)
+    again = Request("again", list(range(1, 9)), params=SamplingParams(max_tokens=3))
     sched.add_request(again)
     out, _ = step(sched, runner)
     assert [(c.start, c.num_tokens) for c in out.chunks] == [(7, 1)]
-    assert again.skip_write_tokens == 8 and again.num_cached_tokens == 7
+    assert out.chunks[0].plan.skip_write_until == 8 and again.num_cached_tokens == 7
     run_all(sched, runner)
     assert again.output_token_ids[0] == first.output_token_ids[0]
 
@@ -143,7 +155,7 @@ def test_fully_cached_prompt_computes_one_token():
 def test_no_prefix_caching_computes_every_prompt_token():
     sched, runner = make(caching=False, budget=200)
     for i in range(3):
-        sched.add_request(Request(f"r{i}", list(range(1, 23)), max_tokens=2))
+        sched.add_request(Request(f"r{i}", list(range(1, 23)), params=SamplingParams(max_tokens=2)))
     run_all(sched, runner)
     assert sched.stats.prefill_tokens_computed == 66
     assert sched.stats.prefix_hit_tokens == 0
@@ -151,8 +163,8 @@ def test_no_prefix_caching_computes_every_prompt_token():
 
 def test_abort_frees_blocks_and_others_continue():
     sched, runner = make()
-    a = Request("a", list(range(1, 10)), max_tokens=20)
-    b = Request("b", list(range(50, 60)), max_tokens=3)
+    a = Request("a", list(range(1, 10)), params=SamplingParams(max_tokens=20))
+    b = Request("b", list(range(50, 60)), params=SamplingParams(max_tokens=3))
     sched.add_request(a)
     sched.add_request(b)
     step(sched, runner)

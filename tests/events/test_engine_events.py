@@ -39,7 +39,7 @@ def test_llm_engine_events_predict_every_admission(checkpoints, ports):
             if engine.kv_events.publisher.last_seq >= 0:
                 sub.wait_for(engine.kv_events.publisher.last_seq)
             for req in engine.scheduler.waiting:
-                expected = engine.manager.get_computed_blocks(req, 0).num_tokens
+                expected = engine.manager.get_computed_blocks(req.request_id, 0).num_tokens
                 assert sub.index.match(req.token_ids)[sub.engine] == expected, req.request_id
                 compared += 1
                 hits += bool(expected)
@@ -89,7 +89,7 @@ def test_bamba_engine_events_predict_every_admission(bamba_checkpoint, ports):
             if engine.kv_events.publisher.last_seq >= 0:
                 sub.wait_for(engine.kv_events.publisher.last_seq)
             for req in engine.scheduler.waiting:
-                expected = manager.get_computed_blocks(req, 0).num_tokens
+                expected = manager.get_computed_blocks(req.request_id, 0).num_tokens
                 assert sub.index.match(req.token_ids)[sub.engine] == expected, req.request_id
                 compared += 1
                 hits += bool(expected)

@@ -66,11 +66,11 @@ class Follower:
             self.sub = KVEventSubscriber(
                 self.ports.connect, self.ports.replay_connect, on_batch=self.checker
             )
-            self._watch_admissions(scheduler.manager, kv_events)
+            self._watch_admissions(scheduler, kv_events)
         self.sub.wait_for(kv_events.publisher.last_seq)
         engine = self.sub.engine
         for req in scheduler.waiting:
-            hit = self._lookup(req, 0)  # type: ignore[misc]
+            hit = self._lookup(req.request_id, 0)  # type: ignore[misc]
             assert not hit.wait, "between steps every block is computed"
             predicted = self.sub.index.match(req.token_ids)[engine]
             assert predicted == hit.num_tokens, (
@@ -79,13 +79,16 @@ class Follower:
             self.compared += 1
             self.nonzero += bool(hit.num_tokens)
 
-    def _watch_admissions(self, manager, kv_events) -> None:
+    def _watch_admissions(self, scheduler, kv_events) -> None:
         """Wrap the manager's lookup: compare every admission's hit inside the step."""
+        manager = scheduler.manager
         self._lookup = lookup = manager.get_computed_blocks
 
-        def admission(req, num_computed_tokens: int = 0):
-            hit = lookup(req, num_computed_tokens)
-            if req.status == RequestStatus.WAITING:
+        def admission(request_id: str, num_computed_tokens: int = 0):
+            hit = lookup(request_id, num_computed_tokens)
+            waiting = [r for r in scheduler.waiting if r.request_id == request_id]
+            req = waiting[0] if waiting else None
+            if req is not None and req.status == RequestStatus.WAITING:
                 self._check_admission(req, hit, kv_events)
             return hit
 

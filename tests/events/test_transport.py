@@ -6,6 +6,7 @@ import time
 
 import pytest
 import zmq
+from _cache_seqs import add_seq
 
 from kvserve.events import KVEventsConfig, KVEventSubscriber, make_engine_events
 from kvserve.events.config import offset_endpoint_port
@@ -13,8 +14,7 @@ from kvserve.events.publisher import should_bind
 from kvserve.kvcache import CacheSequence, KVCacheConfig, KVCacheManager
 from kvserve.kvcache.event_sink import KVEventSink
 from kvserve.kvcache.events import KVEventBatch, encode_batch
-from kvserve.kvcache.grouping import inflate_for_state
-from kvserve.kvcache.specs import spec_from_name
+from kvserve.kvcache.specs import inflate_for_state, spec_from_name
 
 BS = 4
 
@@ -39,18 +39,20 @@ class Engine:
             self.n += 1
             seq = CacheSequence(f"r{self.n}", prompt)
             m = self.manager
-            m.add_sequence(seq)
-            hit = m.get_computed_blocks(seq)
+            seq = add_seq(m, seq)
+            hit = m.get_computed_blocks(seq.request_id)
             assert not hit.wait  # one request per step: nothing it reads is pending
-            assert m.allocate_slots(seq, len(prompt) - hit.num_tokens, hit.num_tokens, hit)
+            assert m.allocate_slots(
+                seq.request_id, len(prompt) - hit.num_tokens, hit.num_tokens, hit
+            )
             m.end_step()
-            m.free(seq)
+            m.free(seq.request_id)
             return self.events.end_step()
 
     def hit(self, prompt: list[int]) -> int:
         seq = CacheSequence("probe", list(prompt))
-        self.manager.add_sequence(seq)
-        return self.manager.get_computed_blocks(seq).num_tokens
+        seq = add_seq(self.manager, seq)
+        return self.manager.get_computed_blocks(seq.request_id).num_tokens
 
     @property
     def last_seq(self) -> int:
@@ -280,10 +282,10 @@ def test_engine_restart_is_detected_and_a_late_copy_of_batch_zero_is_not(ports):
         # A restarted engine's first batch (seq 0, a new ts) on the live socket.
         other = KVCacheManager(KVCacheConfig(num_blocks=24, block_size=BS))
         sink = KVEventSink(BS)
-        sink.attach(other)
+        other.attach_events(sink)
         seq = CacheSequence("x", PROMPTS[6])
-        other.add_sequence(seq)
-        assert other.allocate_slots(seq, len(PROMPTS[6]), 0)
+        seq = add_seq(other, seq)
+        assert other.allocate_slots(seq.request_id, len(PROMPTS[6]), 0)
         sub._on_message(0, encode_batch(KVEventBatch(time.time() + 1, sink.take())))
         assert sub.restarts == 1 and sub.last_seq == 0
         assert sub.view.num_blocks == len(PROMPTS[6]) // BS

@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 import zmq
+from _cache_seqs import add_seq
 
 from kvserve.events import make_engine_events
 from kvserve.kvcache import CacheSequence, KVCacheConfig, KVCacheManager
@@ -72,10 +73,10 @@ def test_payloads_decode_with_vllms_schema(ports):
         for i in range(6):  # evictions from the third request on
             with events.lock:
                 seq = CacheSequence(f"r{i}", [i] * 9, lora_name="lora" if i % 2 else None)
-                manager.add_sequence(seq)
-                assert manager.allocate_slots(seq, 9, 0)
+                seq = add_seq(manager, seq)
+                assert manager.allocate_slots(seq.request_id, 9, 0)
                 manager.end_step()
-                manager.free(seq)
+                manager.free(seq.request_id)
                 events.end_step()
         with events.lock:
             assert manager.reset_prefix_cache()

@@ -26,7 +26,7 @@ def assert_drained(m: KVCacheManager) -> None:
     pool = m.pool
     assert pool.num_used == 0
     assert sorted(pool.free_block_ids()) == list(range(1, len(pool.blocks)))
-    check_invariants(m, [], {})
+    check_invariants(m, {})
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -41,7 +41,7 @@ def prefix_key(seq: CacheSequence, i: int, bs: int) -> tuple:
 def snapshot(m: KVCacheManager, seqs) -> tuple:
     """Everything an allocation may change (to prove a failed one changed nothing)."""
     return (
-        [m.block_ids(s) for s in seqs],
+        [m.block_ids(s.request_id) for s in seqs],
         [(s.num_cached_blocks, len(s.merges), s.cache_chain_broken) for s in seqs],
         m.pool.free_block_ids(),
         m.pool.num_used,
@@ -120,7 +120,7 @@ class Sim:
         assert rid not in self.scheduled
         computed = self.computed.get(rid, 0)
         before_lookup = snapshot(m, [seq, *self.seqs.values()])
-        hit = m.get_computed_blocks(seq, computed)
+        hit = m.get_computed_blocks(seq.request_id, computed)
         assert snapshot(m, [seq, *self.seqs.values()]) == before_lookup, "lookup changed state"
         self.check_hit(seq, computed, hit)
         start = computed + hit.num_tokens
@@ -130,7 +130,7 @@ class Sim:
         old = list(seq.kv_blocks[0])
         others = [s for s in self.seqs.values() if s is not seq]
         before = snapshot(m, [seq, *others])
-        if not m.allocate_slots(seq, n, start, hit):
+        if not m.allocate_slots(seq.request_id, n, start, hit):
             assert snapshot(m, [seq, *others]) == before, "failed allocation changed state"
             self.failures += 1
             return False
@@ -156,7 +156,7 @@ class Sim:
     def end_step(self, append: bool = True) -> None:
         """Run the step: computed counts advance, sampled tokens are appended."""
         m = self.m
-        check_invariants(m, self.seqs.values(), between_steps=False)
+        check_invariants(m, between_steps=False)
         m.end_step()
         for rid, sch in self.scheduled.items():
             self.computed[rid] = sch.start + sch.num_new
@@ -168,9 +168,9 @@ class Sim:
     def check(self) -> None:
         m, bs = self.m, self.bs
         if self.strong_hash:
-            check_invariants(m, self.seqs.values(), self.computed)
+            check_invariants(m, self.computed)
         else:  # duplicates are legal after a collision; slots still exact
-            check_invariants(m, self.seqs.values())
+            check_invariants(m)
             for rid, seq in self.seqs.items():
                 assert len(seq.kv_blocks[0]) == ceil_div(self.computed[rid], bs)
         for rid, seq in self.seqs.items():
@@ -185,7 +185,7 @@ class Sim:
 
     def free(self, seq: CacheSequence) -> None:
         assert not self.scheduled, "free between steps"
-        self.m.free(seq)
+        self.m.free(seq.request_id)
         del self.seqs[seq.request_id]
         del self.computed[seq.request_id]
         assert seq.kv_blocks == [[]]

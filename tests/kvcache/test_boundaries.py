@@ -9,6 +9,7 @@ exactly the full blocks of the prompt, capped so one token is computed.
 from __future__ import annotations
 
 import pytest
+from _cache_seqs import add_seq
 from _kvsim import ceil_div, next_token
 
 from kvserve.kvcache import CacheSequence, KVCacheConfig, KVCacheManager, check_invariants
@@ -32,13 +33,13 @@ def run_once(m, rid, prompt, decode_len, chunk, warm_table=None):
     """
     bs = m.block_size
     seq = CacheSequence(rid, list(prompt))
-    m.add_sequence(seq)
+    seq = add_seq(m, seq)
     p = len(prompt)
     merges_before = m.stats.merges
 
     def check(computed):
-        check_invariants(m, [seq], {rid: computed})
-        table = m.block_ids(seq)[0]
+        check_invariants(m, {rid: computed})
+        table = m.block_ids(seq.request_id)[0]
         assert len(table) == ceil_div(computed, bs), (p, decode_len, computed)
         assert m.pool.num_used == len(table)
         if warm_table is not None:
@@ -46,7 +47,7 @@ def run_once(m, rid, prompt, decode_len, chunk, warm_table=None):
             assert table[:full] == warm_table[:full]
 
     # Prefill.
-    hit = m.get_computed_blocks(seq, 0)
+    hit = m.get_computed_blocks(seq.request_id, 0)
     want_hit = expected_hit(p, bs) if warm_table is not None else (0, 0, 0)
     assert (hit.num_tokens, hit.skip_write_tokens, len(hit.blocks[0])) == want_hit
     if warm_table is not None:
@@ -55,12 +56,12 @@ def run_once(m, rid, prompt, decode_len, chunk, warm_table=None):
     first = True
     while computed < p:
         if not first:  # later chunks start after our own blocks: nothing new to find
-            later = m.get_computed_blocks(seq, computed)
+            later = m.get_computed_blocks(seq.request_id, computed)
             assert later.num_tokens == 0
         n = min(chunk, p - computed)
-        assert m.allocate_slots(seq, n, computed, hit if first else None)
+        assert m.allocate_slots(seq.request_id, n, computed, hit if first else None)
         # Slots for exactly the scheduled tokens exist before the step runs.
-        assert len(m.block_ids(seq)[0]) == ceil_div(computed + n, bs)
+        assert len(m.block_ids(seq.request_id)[0]) == ceil_div(computed + n, bs)
         m.end_step()
         computed += n
         first = False
@@ -69,21 +70,21 @@ def run_once(m, rid, prompt, decode_len, chunk, warm_table=None):
     seq.token_ids.append(next_token(seq.token_ids))
     # Decode: one token per step.
     for _ in range(decode_len):
-        assert m.get_computed_blocks(seq, computed).num_tokens == 0
-        assert m.allocate_slots(seq, 1, computed)
-        assert len(m.block_ids(seq)[0]) == ceil_div(computed + 1, bs)
+        assert m.get_computed_blocks(seq.request_id, computed).num_tokens == 0
+        assert m.allocate_slots(seq.request_id, 1, computed)
+        assert len(m.block_ids(seq.request_id)[0]) == ceil_div(computed + 1, bs)
         m.end_step()
         computed += 1
         check(computed)
         seq.token_ids.append(next_token(seq.token_ids))
-    table = m.block_ids(seq)[0]
+    table = m.block_ids(seq.request_id)[0]
     if warm_table is not None:
         # Full blocks that were not hit were written again, found the earlier run's
         # copy and merged into it after their step.
         assert m.stats.merges - merges_before == (p + decode_len) // bs - want_hit[2]
     else:
         assert m.stats.merges == merges_before
-    m.free(seq)
+    m.free(seq.request_id)
     assert m.pool.num_used == 0
     return table
 
@@ -102,7 +103,7 @@ def test_blocks_equal_ceil_computed_over_block_size(bs):
             assert len(cold) == blocks
             warm = run_once(m, "warm", prompt_of(p), d, chunk=p, warm_table=cold)
             assert warm[: (p + d) // bs] == cold[: (p + d) // bs]
-            check_invariants(m, [], {})
+            check_invariants(m, {})
 
 
 @pytest.mark.parametrize("bs", [4, 16])
@@ -124,30 +125,30 @@ def test_fully_cached_prompt_computes_exactly_one_token(bs):
         p = k * bs
         m = KVCacheManager(KVCacheConfig(num_blocks=k + 1, block_size=bs))  # no spare block
         first = CacheSequence("first", prompt_of(p))
-        m.add_sequence(first)
-        assert m.allocate_slots(first, p, 0)
+        first = add_seq(m, first)
+        assert m.allocate_slots(first.request_id, p, 0)
         m.end_step()
-        table = m.block_ids(first)[0]
-        m.free(first)
+        table = m.block_ids(first.request_id)[0]
+        m.free(first.request_id)
         assert m.pool.num_free == k  # every block is free, and still cached
 
         again = CacheSequence("again", prompt_of(p))
-        m.add_sequence(again)
-        hit = m.get_computed_blocks(again, 0)
+        again = add_seq(m, again)
+        hit = m.get_computed_blocks(again.request_id, 0)
         if p == 1:  # bs 1, one token: nothing may be skipped at all
             assert (hit.num_tokens, hit.skip_write_tokens, hit.blocks[0]) == (0, 0, [])
             continue
         assert (hit.num_tokens, hit.skip_write_tokens) == (p - 1, p)
-        assert m.allocate_slots(again, p - hit.num_tokens, hit.num_tokens, hit)
+        assert m.allocate_slots(again.request_id, p - hit.num_tokens, hit.num_tokens, hit)
         assert p - hit.num_tokens == 1  # exactly one token is computed
-        assert m.block_ids(again)[0] == table
+        assert m.block_ids(again.request_id)[0] == table
         assert m.pool.num_free == 0
         m.end_step()
-        check_invariants(m, [again], {"again": p})
+        check_invariants(m, {"again": p})
         # The next token needs a block, and there is none: refused, nothing changed.
         again.token_ids.append(1)
-        assert not m.allocate_slots(again, 1, p)
-        assert m.block_ids(again)[0] == table
-        check_invariants(m, [again], {"again": p})
-        m.free(again)
+        assert not m.allocate_slots(again.request_id, 1, p)
+        assert m.block_ids(again.request_id)[0] == table
+        check_invariants(m, {"again": p})
+        m.free(again.request_id)
         assert m.pool.num_used == 0

@@ -6,10 +6,11 @@ import random
 
 import msgspec
 import pytest
+from _cache_seqs import add_seq
 
 from kvserve.engine.model_free_runner import ModelFreeRunner
 from kvserve.engine.request import Request
-from kvserve.engine.scheduler import Scheduler, SchedulerConfig
+from kvserve.engine.scheduler import Scheduler, SchedulerConfig, sampled_tokens
 from kvserve.events.index import ROOT, EngineView
 from kvserve.kvcache import CacheSequence, KVCacheConfig, KVCacheManager
 from kvserve.kvcache.event_metadata import kv_events_metadata
@@ -25,10 +26,16 @@ from kvserve.kvcache.events import (
     wire_hash,
     wire_hash_u64,
 )
-from kvserve.kvcache.grouping import inflate_for_state
-from kvserve.kvcache.specs import FullAttentionSpec, spec_from_name
+from kvserve.kvcache.specs import FullAttentionSpec, inflate_for_state, spec_from_name
+from kvserve.sampling_params import SamplingParams
 
 BS = 4
+
+
+def execute(runner, out):
+    """One runner step over the scheduler's plans: request id -> sampled token."""
+    chunks = out.seq_chunks()
+    return sampled_tokens(chunks, runner.execute(chunks))
 
 
 def make(num_blocks: int, groups=("full",), int_hashes: bool = True):
@@ -41,15 +48,17 @@ def make(num_blocks: int, groups=("full",), int_hashes: bool = True):
         )
     )
     sink = KVEventSink(BS, int_block_hashes=int_hashes)
-    sink.attach(m)
+    m.attach_events(sink)
     return m, sink
 
 
 def prefill(m, seq):
-    m.add_sequence(seq)
-    hit = m.get_computed_blocks(seq)
+    seq = add_seq(m, seq)
+    hit = m.get_computed_blocks(seq.request_id)
     assert not hit.wait
-    assert m.allocate_slots(seq, len(seq.token_ids) - hit.num_tokens, hit.num_tokens, hit)
+    assert m.allocate_slots(
+        seq.request_id, len(seq.token_ids) - hit.num_tokens, hit.num_tokens, hit
+    )
     m.end_step()
     return hit
 
@@ -100,7 +109,7 @@ def test_one_stored_event_per_run_lined_up_with_its_hashes():
     assert (e.medium, e.kv_cache_spec_kind, e.lora_id) == ("GPU", "full_attention", None)
     # Decode fills block 2: a new run whose parent is block 1.
     a.token_ids.append(11)
-    assert m.allocate_slots(a, 1, 11)
+    assert m.allocate_slots(a.request_id, 1, 11)
     (e,) = sink.take()
     assert e.block_hashes == [a.block_hashes[2]] and e.parent_block_hash == a.block_hashes[1]
     # An identical prompt hits, and a duplicate-content decode block merges: no event.
@@ -113,9 +122,9 @@ def test_two_groups_same_step_share_pending_blocks_once():
     m, sink = make(64, groups=("full", "sliding:6"))
     a, b = CacheSequence("a", [1] * 9), CacheSequence("b", [1] * 9)
     for seq in (a, b):
-        m.add_sequence(seq)
-        hit = m.get_computed_blocks(seq)
-        assert m.allocate_slots(seq, 9 - hit.num_tokens, hit.num_tokens, hit)
+        seq = add_seq(m, seq)
+        hit = m.get_computed_blocks(seq.request_id)
+        assert m.allocate_slots(seq.request_id, 9 - hit.num_tokens, hit.num_tokens, hit)
     events = sink.take()
     assert [(e.group_idx, len(e.block_hashes)) for e in events] == [(0, 2), (1, 2)]
     assert events[1].kv_cache_spec_sliding_window == 6
@@ -127,7 +136,7 @@ def test_removed_once_per_eviction_and_cleared_on_reset():
     for i in range(4):
         seq = CacheSequence(f"s{i}", [i] * 9)
         prefill(m, seq)
-        m.free(seq)
+        m.free(seq.request_id)
     events = sink.take()
     removed = [h for e in events if isinstance(e, BlockRemoved) for h in e.block_hashes]
     stored = [h for e in events if isinstance(e, BlockStored) for h in e.block_hashes]
@@ -171,7 +180,7 @@ def test_short_prompt_in_an_inflated_block_is_advertised_per_hash_block():
     assert state.kv_cache_spec_sliding_window is None
     view = EngineView.from_metadata(kv_events_metadata(m, int_block_hashes=False))
     view.apply(KVEventBatch(0.0, [attn, state]))
-    m.free(a)
+    m.free(a.request_id)
     hashes: list[bytes] = []
     m.hasher.extend(hashes, list(range(13)), (b"", b""))
     # A repeat resumes after token 8; a 3-token prompt has no full hash block to match.
@@ -179,7 +188,7 @@ def test_short_prompt_in_an_inflated_block_is_advertised_per_hash_block():
         assert view.hit_tokens(hashes[: len(prompt) // BS], len(prompt)) == hit
         b = CacheSequence("b", prompt)
         assert prefill(m, b).num_tokens == hit
-        m.free(b)
+        m.free(b.request_id)
     # Only the 13-token prompt added something: hash block 2, and the state after it.
     stream = Stream()
     stream.apply([attn, state, *sink.take()])
@@ -193,7 +202,7 @@ def test_inflated_eviction_removes_every_hash_entry_once():
     for i in range(8):
         seq = CacheSequence(f"s{i}", [i] * 17)  # 4 hash blocks fill one physical block
         prefill(m, seq)
-        m.free(seq)
+        m.free(seq.request_id)
         stream.apply(sink.take())
     assert stream.removed == m.pool.num_evictions
     # Whole blocks of 4 entries, and snapshots beyond their share of the pool (3 pages).
@@ -264,14 +273,18 @@ def drive(groups, num_blocks, seed, check_view, snapshot_every=0, check_snapshot
     view = EngineView.from_metadata(kv_events_metadata(m))
     stream = Stream()
     sched = Scheduler(m, SchedulerConfig(max_num_batched_tokens=24, max_num_seqs=4))
-    runner = ModelFreeRunner(vocab_size=3)
+    runner = ModelFreeRunner(sampled_vocab=3)
     rng = random.Random(seed)
     pending = sorted(random_requests(rng, 40), key=lambda r: r[0])
     step = 0
     while pending or sched.has_unfinished_requests():
         while pending and pending[0][0] <= step:
             _, prompt, max_tokens = pending.pop(0)
-            sched.add_request(Request(f"r{step}-{len(pending)}", prompt, max_tokens=max_tokens))
+            sched.add_request(
+                Request(
+                    f"r{step}-{len(pending)}", prompt, params=SamplingParams(max_tokens=max_tokens)
+                )
+            )
         events = sink.take()
         stream.apply(events)
         view.apply(KVEventBatch(0.0, events))
@@ -283,7 +296,7 @@ def drive(groups, num_blocks, seed, check_view, snapshot_every=0, check_snapshot
             view.apply(KVEventBatch(0.0, snapshot))
         check_view(view, sched)
         out = sched.schedule()
-        finished = sched.update(out, runner.execute(out))
+        finished = sched.update(out, execute(runner, out))
         for req in finished:
             runner.free_request(req.request_id)
         step += 1
@@ -296,9 +309,10 @@ def predictions_match(counter):
     def check(view, sched):
         for req in sched.waiting:
             m = sched.manager
-            m.hasher.extend(req.block_hashes, req.token_ids, req.extra_keys)
-            hashes = [wire_hash(h) for h in req.block_hashes]
-            hit = m.get_computed_blocks(req, 0)
+            seq = m.sequence(req.request_id)
+            m.hasher.extend(seq.block_hashes, seq.token_ids, seq.extra_keys)
+            hashes = [wire_hash(h) for h in seq.block_hashes]
+            hit = m.get_computed_blocks(req.request_id, 0)
             assert not hit.wait  # between steps every block is computed
             assert view.hit_tokens(hashes, len(req.token_ids)) == hit.num_tokens, req.request_id
             counter["compared"] += 1
@@ -387,7 +401,7 @@ def test_snapshot_leaves_out_what_no_hit_can_use():
     live = EngineView.from_metadata(kv_events_metadata(m))
     a = CacheSequence("a", list(range(21)))  # hash blocks 0-3 fill block X1, 4 starts X2
     prefill(m, a)
-    m.free(a)
+    m.free(a.request_id)
     h = [wire_hash(x) for x in a.block_hashes]
     entries, pages = m.pool.index[0], m.pool.index[1]
     assert set(pages) == {a.block_hashes[3], a.block_hashes[4]}  # after tokens 16 and 20
@@ -403,7 +417,7 @@ def test_snapshot_leaves_out_what_no_hit_can_use():
     # Hash blocks 0-3 come back (new registrations): block 4 and its snapshot stay stale.
     b = CacheSequence("b", list(range(17)))
     assert prefill(m, b).num_tokens == 0
-    m.free(b)
+    m.free(b.request_id)
     live.apply(KVEventBatch(0.0, sink.take()))
     rebuilt = EngineView.from_metadata(live.metadata)
     rebuilt.apply(KVEventBatch(0.0, snapshot_events(m)))
@@ -412,8 +426,8 @@ def test_snapshot_leaves_out_what_no_hit_can_use():
     assert {(0, x) for x in h[:4]} <= held
     for n in (17, 21, 22, 25):
         seq = CacheSequence("probe", list(range(n)))
-        m.add_sequence(seq)
-        expected = m.get_computed_blocks(seq).num_tokens
+        seq = add_seq(m, seq)
+        expected = m.get_computed_blocks(seq.request_id).num_tokens
         hashes = [wire_hash(x) for x in seq.block_hashes]
         assert live.hit_tokens(hashes, n) == rebuilt.hit_tokens(hashes, n) == expected, n
 

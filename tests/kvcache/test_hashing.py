@@ -11,6 +11,7 @@ import sys
 
 import pytest
 import xxhash
+from _cache_seqs import add_seq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -124,15 +125,15 @@ def test_xxh3_128_format_and_manager_hit():
         assert h == parent and len(h) == 16
     m = KVCacheManager(KVCacheConfig(num_blocks=10, block_size=4, hash_fn="xxh3_128"))
     a = CacheSequence("a", list(TOKENS))
-    m.add_sequence(a)
-    assert m.allocate_slots(a, len(TOKENS), 0)
+    a = add_seq(m, a)
+    assert m.allocate_slots(a.request_id, len(TOKENS), 0)
     m.end_step()
     b = CacheSequence("b", list(TOKENS))
-    m.add_sequence(b)
+    b = add_seq(m, b)
     assert b.block_hashes == hashes_of(4, TOKENS, "xxh3_128", 0) != got
-    hit = m.get_computed_blocks(b, 0)
+    hit = m.get_computed_blocks(b.request_id, 0)
     assert hit.num_tokens == 12
-    assert [x.block_id for x in hit.blocks[0]] == m.block_ids(a)[0][:3]
+    assert [x.block_id for x in hit.blocks[0]] == m.block_ids(a.request_id)[0][:3]
 
 
 def test_unknown_hash_name_and_bad_block_size():
@@ -182,8 +183,8 @@ def test_token_ids_outside_uint32_are_a_value_error(bad, position, caching):
         "short prompt": [bad],
     }[position]
     with pytest.raises(ValueError, match="req-bad"):
-        m.add_sequence(CacheSequence("req-bad", prompt))
+        add_seq(m, CacheSequence("req-bad", prompt))
     assert m.pool.num_used == 0
     ok = CacheSequence("ok", [0, 2**32 - 1, 5])
-    m.add_sequence(ok)  # the boundary values themselves are fine
-    assert m.allocate_slots(ok, 3, 0)
+    add_seq(m, ok)  # the boundary values themselves are fine
+    assert m.allocate_slots(ok.request_id, 3, 0)

@@ -13,6 +13,7 @@ import random
 import struct
 
 import pytest
+from _cache_seqs import add_seq
 from _kvsim import Sim, ceil_div, next_token
 
 from kvserve.kvcache import (
@@ -30,7 +31,7 @@ def manager(num_blocks, bs, **kw):
 
 def make(m, rid, tokens, lora=None, salt=None):
     seq = CacheSequence(rid, list(tokens), lora_name=lora, cache_salt=salt)
-    m.add_sequence(seq)
+    seq = add_seq(m, seq)
     return seq
 
 
@@ -48,14 +49,14 @@ def test_identical_prompts_in_one_step_share_every_block(n):
     # The first computes everything; the others hit its 37 pending full blocks.
     assert sim.hits == [(f"r{i}", 37 * 16) for i in range(1, n)]
     assert m.stats.hit_tokens == 592 * (n - 1)
-    tables = [m.block_ids(s)[0] for s in seqs]
+    tables = [m.block_ids(s.request_id)[0] for s in seqs]
     assert all(t[:37] == tables[0][:37] for t in tables)
     assert len({t[37] for t in tables}) == n  # one own tail block each
     assert m.pool.num_used == 37 + n
     assert all(not m.pool.blocks[b].computed for b in tables[0][:37])  # shared while pending
     sim.end_step()
     assert all(m.pool.blocks[b].computed for b in tables[0][:37])
-    assert count_duplicate_blocks(m, seqs, sim.computed) == 0
+    assert count_duplicate_blocks(m, sim.computed) == 0
     assert m.pool.num_used == 37 + n
 
     # Identical greedy continuations: blocks that fill during decode merge after the step.
@@ -65,10 +66,10 @@ def test_identical_prompts_in_one_step_share_every_block(n):
         sim.end_step()
         c = sim.computed["r0"]
         assert all(sim.computed[s.request_id] == c for s in seqs)
-        assert count_duplicate_blocks(m, seqs, sim.computed) == 0
+        assert count_duplicate_blocks(m, sim.computed) == 0
         assert m.pool.num_used == c // bs + n * (1 if c % bs else 0)
         assert m.stats.merges == (n - 1) * (c // bs - 37)
-        tables = [m.block_ids(s)[0] for s in seqs]
+        tables = [m.block_ids(s.request_id)[0] for s in seqs]
         assert all(t[: c // bs] == tables[0][: c // bs] for t in tables)
     assert sim.computed["r0"] == 640  # 3 blocks filled during decode: 600 -> 640
     assert m.stats.merges == (n - 1) * 3
@@ -90,12 +91,12 @@ def test_merge_happens_in_the_step_the_block_fills():
     sim.end_step()
     assert m.pool.num_used == 3 and m.stats.merges == 0
     assert sim.schedule(a) and sim.schedule(b)  # position 7 fills block 1
-    own_b = m.block_ids(b)[0][1]
-    assert m.block_ids(a)[0][1] != own_b
+    own_b = m.block_ids(b.request_id)[0][1]
+    assert m.block_ids(a.request_id)[0][1] != own_b
     assert m.pool.num_used == 3  # b's own copy is still written this step
     sim.end_step()
     assert m.stats.merges == 1
-    assert m.block_ids(a)[0] == m.block_ids(b)[0]
+    assert m.block_ids(a.request_id)[0] == m.block_ids(b.request_id)[0]
     assert m.pool.num_used == 2
     assert m.pool.free_block_ids()[0] == own_b  # an uncached block goes to the front
 
@@ -113,7 +114,7 @@ def test_diverging_continuations_do_not_merge():
         assert sim.schedule(a) and sim.schedule(b)
         sim.end_step()
     assert sim.computed == {"a": 12, "b": 12}
-    ta, tb = m.block_ids(a)[0], m.block_ids(b)[0]
+    ta, tb = m.block_ids(a.request_id)[0], m.block_ids(b.request_id)[0]
     assert ta[0] == tb[0] and not set(ta[1:]) & set(tb[1:])
     assert m.pool.num_used == 5 and m.stats.merges == 0
 
@@ -130,15 +131,15 @@ def test_later_chunk_picks_up_blocks_cached_meanwhile(prompt_len):
     assert sim.hits == [("b", 4)]
     sim.end_step()
     # a's next chunk starts on a block boundary and finds b's blocks 1..3.
-    hit = m.get_computed_blocks(a, 4)
+    hit = m.get_computed_blocks(a.request_id, 4)
     if prompt_len == 16:
         assert (hit.num_tokens, hit.skip_write_tokens) == (11, 16)
     else:
         assert (hit.num_tokens, hit.skip_write_tokens) == (12, 0)
-    assert [x.block_id for x in hit.blocks[0]] == m.block_ids(b)[0][1:4]
+    assert [x.block_id for x in hit.blocks[0]] == m.block_ids(b.request_id)[0][1:4]
     assert sim.schedule(a)
     sim.end_step()
-    assert m.block_ids(a)[0][:4] == m.block_ids(b)[0][:4]
+    assert m.block_ids(a.request_id)[0][:4] == m.block_ids(b.request_id)[0][:4]
     assert m.pool.num_used == ceil_div(prompt_len, bs) + (0 if prompt_len == 16 else 1)
 
 
@@ -150,7 +151,7 @@ def test_freed_index_entries_are_never_handed_out_twice():
     for seq in olds:
         assert sim.schedule(seq)
     sim.end_step(append=False)
-    old_tables = [m.block_ids(s)[0] for s in olds]
+    old_tables = [m.block_ids(s.request_id)[0] for s in olds]
     old_hashes = {h for s in olds for h in s.block_hashes}
     assert len(old_hashes) == 8 and len(m.pool.index[0]) == 8
     for seq in olds:
@@ -161,18 +162,18 @@ def test_freed_index_entries_are_never_handed_out_twice():
     news = [make(m, f"new{i}", [10 + i] * 8) for i in range(4)]
     for i, seq in enumerate(news):
         assert sim.schedule(seq)
-        assert m.block_ids(seq)[0] == old_tables[i][::-1]
-    ids = [b for s in news for b in m.block_ids(s)[0]]
+        assert m.block_ids(seq.request_id)[0] == old_tables[i][::-1]
+    ids = [b for s in news for b in m.block_ids(s.request_id)[0]]
     assert sorted(ids) == list(range(1, 9))  # every block exactly once
     assert m.pool.num_evictions == 8
     assert not old_hashes & set(m.pool.index[0])
     assert set(m.pool.index[0]) == {h for s in news for h in s.block_hashes}
     sim.end_step(append=False)
     again = make(m, "again", [0] * 8)
-    assert m.get_computed_blocks(again, 0).num_tokens == 0
+    assert m.get_computed_blocks(again.request_id, 0).num_tokens == 0
     for seq in news:
         sim.free(seq)
-    check_invariants(m, [], {})
+    check_invariants(m, {})
 
 
 def test_hit_blocks_leave_the_free_queue_before_others_allocate():
@@ -190,7 +191,7 @@ def test_hit_blocks_leave_the_free_queue_before_others_allocate():
     c = make(m, "c", [50] * 12)
     assert sim.schedule(c)  # takes all 3 remaining blocks, none of h's
     assert m.pool.num_free == 0
-    assert not set(m.block_ids(h)[0]) & set(m.block_ids(c)[0])
+    assert not set(m.block_ids(h.request_id)[0]) & set(m.block_ids(c.request_id)[0])
     sim.end_step()
     d = make(m, "d", [60])
     assert not sim.schedule(d)  # nothing left: refused, unchanged
@@ -217,15 +218,15 @@ def test_collision_is_a_miss_and_breaks_the_chain_below_it():
     assert sim.schedule(a)
     assert sim.schedule(b)  # same step: a's blocks are pending in the index
     assert sim.hits == []  # b's block 0 differs: a miss; its block 1 is never tried
-    assert not set(m.block_ids(a)[0]) & set(m.block_ids(b)[0])
+    assert not set(m.block_ids(a.request_id)[0]) & set(m.block_ids(b.request_id)[0])
     assert b.cache_chain_broken  # b's blocks cannot be indexed under a's hashes
     sim.end_step()
     assert sorted(m.pool.index[0]) == sorted([h0, h1])
-    assert [m.pool.index[0][h].block_id for h in (h0, h1)] == m.block_ids(a)[0][:2]
+    assert [m.pool.index[0][h].block_id for h in (h0, h1)] == m.block_ids(a.request_id)[0][:2]
     sim.free(a)
     sim.free(b)
     a2, b2 = make(m, "a2", [1, 2, 5, 5, 7]), make(m, "b2", [2, 1, 5, 5, 7])
-    assert m.get_computed_blocks(b2, 0).num_tokens == 0
+    assert m.get_computed_blocks(b2.request_id, 0).num_tokens == 0
     assert sim.schedule(b2) and sim.schedule(a2)
     assert sim.hits == [("a2", 4)]  # a's own chain is still found, b's never
     sim.end_step()
@@ -304,7 +305,7 @@ def test_salt_and_lora_separate_tenants():
     for seq in firsts:
         assert sim.schedule(seq)
     assert sim.hits == []  # same tokens, different tenant: nothing shared
-    tables = [set(m.block_ids(s)[0]) for s in firsts]
+    tables = [set(m.block_ids(s.request_id)[0]) for s in firsts]
     assert sum(map(len, tables)) == len(set().union(*tables)) == 15
     sim.end_step()
     seconds = [make(m, f"second{i}", prompt, lo, sa) for i, (lo, sa) in enumerate(tenants)]
@@ -312,7 +313,7 @@ def test_salt_and_lora_separate_tenants():
         assert sim.schedule(seq)
     assert sim.hits == [(f"second{i}", 8) for i in range(len(tenants))]  # own tenant only
     for first, second in zip(firsts, seconds, strict=True):
-        assert m.block_ids(second)[0][:2] == m.block_ids(first)[0][:2]
+        assert m.block_ids(second.request_id)[0][:2] == m.block_ids(first.request_id)[0][:2]
     sim.end_step()
 
     # The salt only enters the first block's hash; later blocks chain from it.
@@ -321,7 +322,7 @@ def test_salt_and_lora_separate_tenants():
         salted.block_hashes[1]
         == hashlib.sha256(salted.block_hashes[0] + struct.pack("<4I", *prompt[4:8])).digest()
     )
-    block0, block1 = (m.pool.blocks[i] for i in m.block_ids(salted)[0][:2])
+    block0, block1 = (m.pool.blocks[i] for i in m.block_ids(salted.request_id)[0][:2])
     assert block0.extra == b"S" + struct.pack("<I", 1) + b"s" and block1.extra == b""
     lora = firsts[2]
     lora_bytes = b"L" + struct.pack("<I", 1) + b"x"

@@ -10,6 +10,7 @@ blocks, copy-on-write for a hit that ends inside a block).
 from __future__ import annotations
 
 import pytest
+from _cache_seqs import add_seq
 
 from kvserve.kvcache import (
     CacheSequence,
@@ -20,9 +21,14 @@ from kvserve.kvcache import (
     PrefixHit,
     check_invariants,
 )
-from kvserve.kvcache.grouping import inflate_for_state
-from kvserve.kvcache.inflated_group import CopyOp, InflatedAttentionGroup
-from kvserve.kvcache.specs import MambaStateSpec, SlidingWindowSpec, spec_from_name
+from kvserve.kvcache.inflated_group import InflatedAttentionGroup
+from kvserve.kvcache.plan import CopyOp
+from kvserve.kvcache.specs import (
+    MambaStateSpec,
+    SlidingWindowSpec,
+    inflate_for_state,
+    spec_from_name,
+)
 from kvserve.kvcache.state_coordinator import StateCoordinator
 from kvserve.kvcache.state_group import MambaStateGroup
 
@@ -31,12 +37,35 @@ K = 3  # hash blocks per physical block ('mamba:3')
 P = H * K  # physical block: 12 tokens
 
 
+class PlanManager(KVCacheManager):
+    """The real manager; it also keeps the copies its step plans hand out, per step."""
+
+    def __init__(self, config: KVCacheConfig) -> None:
+        super().__init__(config)
+        self.copies: list[CopyOp] = []
+
+    def allocate_slots(self, *args, **kwargs):
+        plan = super().allocate_slots(*args, **kwargs)
+        if plan is not None:
+            self.copies.extend(plan.copies)
+        return plan
+
+    def take_copies(self) -> list[CopyOp]:
+        """This step's copy-on-write operations so far (each handed out once)."""
+        copies, self.copies = self.copies, []
+        return copies
+
+    def end_step(self) -> None:
+        super().end_step()
+        self.copies = []
+
+
 def make(
     num_blocks: int = 32,
     groups: tuple[str, ...] = ("full", "mamba:3"),
     share: float = 0.25,
-    cls: type[KVCacheManager] = KVCacheManager,
-) -> KVCacheManager:
+    cls: type[KVCacheManager] = PlanManager,
+) -> PlanManager:
     specs = inflate_for_state([spec_from_name(g, H) for g in groups])
     return cls(
         KVCacheConfig(num_blocks=num_blocks, block_size=H, specs=specs, state_snapshot_share=share)
@@ -52,12 +81,14 @@ def admit(
 ) -> PrefixHit:
     """Look `s` up and allocate its first chunk (all the rest by default); must succeed."""
     if not s.kv_blocks:
-        m.add_sequence(s)
-    hit = m.get_computed_blocks(s)
+        s = add_seq(m, s)
+    hit = m.get_computed_blocks(s.request_id)
     assert not hit.wait
     if num_new is None:
         num_new = len(s.token_ids) - hit.num_tokens - external
-    assert m.allocate_slots(s, num_new, hit.num_tokens, hit, num_external_tokens=external)
+    assert m.allocate_slots(
+        s.request_id, num_new, hit.num_tokens, hit, num_external_tokens=external
+    )
     return hit
 
 
@@ -89,7 +120,7 @@ def pool_state(m: KVCacheManager, seqs: list[CacheSequence]) -> tuple:
     """Everything allocate/free/lookup may change."""
     pool = m.pool
     return (
-        [m.block_ids(s) for s in seqs],
+        [m.block_ids(s.request_id) for s in seqs],
         [(s.num_cached_blocks, len(s.merges), [b.block_id for b in s.transient]) for s in seqs],
         [
             (p.state_in, p.state_out, list(p.snapshots)) if p is not None else None
@@ -104,7 +135,7 @@ def pool_state(m: KVCacheManager, seqs: list[CacheSequence]) -> tuple:
         ],
         pool.num_evictions,
         len(pool.pending),
-        list(m._state.copies) if m._state is not None else [],
+        list(getattr(m, "copies", [])),
     )
 
 
@@ -143,7 +174,7 @@ def assert_sound(
     (tables, and for the step under way: the `scheduled` requests' state plans and the
     `hits` they allocated with); a hit's snapshot page is still its group's snapshot."""
     between_steps = not scheduled
-    check_invariants(m, seqs, computed, between_steps=between_steps)
+    check_invariants(m, computed, between_steps=between_steps)
     holders: dict[int, int] = {}
     for s in seqs:
         for table in s.kv_blocks:
@@ -187,7 +218,7 @@ def test_inflation_keeps_the_hash_block_size_and_multiplies_the_physical_block()
     assert state_group(m).hash_block_size == H
     # The hasher still hashes per hash block.
     s = seq("s", list(range(1, 26)))
-    m.add_sequence(s)
+    s = add_seq(m, s)
     assert len(s.block_hashes) == 25 // H
 
 
@@ -259,7 +290,7 @@ def expected_snapshots(length: int, start: int, end: int) -> list[int]:
 def test_snapshots_at_physical_fills_and_the_prompt_last_hash_boundary(length):
     m = make(num_blocks=64)
     s = seq("s", list(range(1, length + 1)))
-    m.add_sequence(s)
+    s = add_seq(m, s)
     assert state_group(m).snapshot_positions(s, 0, length) == expected_snapshots(length, 0, length)
     admit(m, s)
     p = plan(s)
@@ -285,7 +316,7 @@ def test_chunked_prefill_plans_read_the_running_state_and_snapshot_at_chunk_offs
             admit(m, s, num_new=num)
             running = s.kv_blocks[1][0].block_id
         else:
-            assert m.allocate_slots(s, num, start)
+            assert m.allocate_slots(s.request_id, num, start)
         p = plan(s)
         assert p.state_in == (0 if start == 0 else running)
         assert p.state_out == running
@@ -303,7 +334,7 @@ def test_decode_snapshots_only_when_it_fills_a_physical_block():
     running = s.kv_blocks[1][0].block_id
     for t in range(22, 27):  # decode positions 22..26
         s.token_ids.append(100 + t)
-        assert m.allocate_slots(s, 1, t)
+        assert m.allocate_slots(s.request_id, 1, t)
         p = plan(s)
         assert (p.state_in, p.state_out) == (running, running)
         # Position 23 makes 24 tokens: the second physical block fills.
@@ -320,8 +351,8 @@ def test_no_second_snapshot_for_a_hash_already_snapshotted():
     assert len(state_index(m)) == 2
     # The same 20 tokens and more, allocated from scratch (no hit): 12 and 16 are known.
     b = seq("b", [*range(1, 21), *range(50, 60)])  # 30 tokens: 12, 24, 28 (16 is mid-prompt)
-    m.add_sequence(b)
-    assert m.allocate_slots(b, 30, 0)
+    b = add_seq(m, b)
+    assert m.allocate_slots(b.request_id, 30, 0)
     assert snapshot_offsets(b) == [24, 28]
     m.end_step()
     assert len(state_index(m)) == 4
@@ -362,7 +393,7 @@ def test_a_copied_hit_from_a_finished_request_keeps_its_source_until_the_step_en
     m = make(num_blocks=8)
     a = seq("a", list(range(1, 11)))
     run(m, a)
-    m.free(a)
+    m.free(a.request_id)
     b = seq("b", list(range(1, 11)))
     hit = admit(m, b)
     assert hit.num_tokens == 8
@@ -371,10 +402,10 @@ def test_a_copied_hit_from_a_finished_request_keeps_its_source_until_the_step_en
     assert src.ref_cnt == 1 and src in b.transient  # not evictable while copied from
     # Everything else allocated in this step leaves the source alone.
     c = seq("c", list(range(100, 100 + P * m.pool.num_free)))
-    m.add_sequence(c)
-    assert m.allocate_slots(c, P * (m.pool.num_free - 1), 0)
+    c = add_seq(m, c)
+    assert m.allocate_slots(c.request_id, P * (m.pool.num_free - 1), 0)
     assert m.pool.num_free == 0
-    assert src.block_id not in m.block_ids(c)[0] + m.block_ids(c)[1]
+    assert src.block_id not in m.block_ids(c.request_id)[0] + m.block_ids(c.request_id)[1]
     m.end_step()
     assert src.ref_cnt == 0
     assert_sound(m, [b, c], {"b": 10, "c": len(c.kv_blocks[0]) * P})
@@ -409,16 +440,16 @@ def test_same_step_identical_prompts_wait_one_step_then_hit():
     a = seq("a", list(range(1, 11)))
     admit(m, a)
     b = seq("b", list(range(1, 11)))
-    m.add_sequence(b)
+    b = add_seq(m, b)
     before = pool_state(m, [a, b])
-    hit = m.get_computed_blocks(b)
+    hit = m.get_computed_blocks(b.request_id)
     assert hit.wait and hit.num_tokens == 0
     assert pool_state(m, [a, b]) == before  # no side effects, nothing allocated
     assert b.kv_blocks == [[], []]
     m.end_step()
-    hit = m.get_computed_blocks(b)
+    hit = m.get_computed_blocks(b.request_id)
     assert hit.num_tokens == 8 and not hit.wait
-    assert m.allocate_slots(b, 2, 8, hit)
+    assert m.allocate_slots(b.request_id, 2, 8, hit)
     m.end_step()
     assert_sound(m, [a, b], {"a": 10, "b": 10})
 
@@ -428,11 +459,11 @@ def test_same_step_prompt_sharing_a_pending_full_block_still_waits_for_its_state
     a = seq("a", list(range(1, 21)))  # block 0 full (pending), snapshots at 12, 16 pending
     admit(m, a)
     b = seq("b", list(a.token_ids))
-    m.add_sequence(b)
-    hit = m.get_computed_blocks(b)
+    b = add_seq(m, b)
+    hit = m.get_computed_blocks(b.request_id)
     assert hit.wait and hit.num_tokens == 0  # attention could share; state must wait
     m.end_step()
-    hit = m.get_computed_blocks(b)
+    hit = m.get_computed_blocks(b.request_id)
     assert (hit.num_tokens, hit.wait) == (16, False)
 
 
@@ -440,17 +471,17 @@ def test_a_shorter_computed_hit_is_offered_with_wait_when_a_longer_one_is_pendin
     m = make()
     p = seq("p", list(range(1, 14)))  # 13 tokens: block 0 full, snapshot at 12
     run(m, p)
-    m.free(p)
+    m.free(p.request_id)
     a = seq("a", [*range(1, 13), *range(40, 48)])  # 20 tokens: hits 12, snapshot at 16
     assert admit(m, a).num_tokens == 12
     b = seq("b", [*a.token_ids, 99, 98])  # would hit 16 next step
-    m.add_sequence(b)
+    b = add_seq(m, b)
     before = pool_state(m, [a, b])
-    hit = m.get_computed_blocks(b)
+    hit = m.get_computed_blocks(b.request_id)
     assert pool_state(m, [a, b]) == before
     assert hit.num_tokens == 12 and hit.wait
     m.end_step()
-    hit = m.get_computed_blocks(b)
+    hit = m.get_computed_blocks(b.request_id)
     assert (hit.num_tokens, hit.wait) == (16, False)
 
 
@@ -458,19 +489,19 @@ def test_a_hit_never_copies_slots_written_in_this_step():
     m = make()
     p = seq("p", list(range(1, 14)))  # block 0 (hash blocks 0..2) and a snapshot at 12
     run(m, p)
-    m.free(p)
+    m.free(p.request_id)
     a = seq("a", [*range(1, 13), *range(40, 48)])  # hash blocks 3, 4 pending in a's block 1
     admit(m, a)
     b = seq("b", [*range(1, 13), *range(40, 44), 7, 7, 7, 7, 7])
-    m.add_sequence(b)
+    b = add_seq(m, b)
     attention = m.groups[0]
     entries = attention.find_entries(b, 4)
     assert len(entries) == 4 and not entries[3].computed
     assert attention.usable(entries, 4) == (3, True)  # cut back before the pending one
-    hit = m.get_computed_blocks(b)
+    hit = m.get_computed_blocks(b.request_id)
     assert hit.num_tokens == 12 and hit.wait
     # Were it allocated now (the scheduler defers it instead): a share, no copy at all.
-    assert m.allocate_slots(b, len(b.token_ids) - 12, 12, hit)
+    assert m.allocate_slots(b.request_id, len(b.token_ids) - 12, 12, hit)
     assert m.take_copies() == []
     assert b.kv_blocks[0][0] is a.kv_blocks[0][0]
     m.end_step()
@@ -483,19 +514,19 @@ def test_a_decode_that_fills_a_block_already_cached_is_merged_after_the_step():
     run(m, a)
     b = seq("b", list(a.token_ids))  # same prompt, admitted a step later: copy hit
     a.token_ids.append(11)
-    assert m.allocate_slots(a, 1, 10)
+    assert m.allocate_slots(a.request_id, 1, 10)
     assert admit(m, b).num_tokens == 8
     m.take_copies()
     m.end_step()
     b.token_ids.append(11)
     a.token_ids.append(12)
-    assert m.allocate_slots(a, 1, 11)  # a fills its block 0 (12 tokens)
-    assert m.allocate_slots(b, 1, 10)
+    assert m.allocate_slots(a.request_id, 1, 11)  # a fills its block 0 (12 tokens)
+    assert m.allocate_slots(b.request_id, 1, 10)
     m.end_step()
     b.token_ids.append(12)
     a.token_ids.append(13)
-    assert m.allocate_slots(a, 1, 12)
-    assert m.allocate_slots(b, 1, 11)  # b's own copy fills with the same 12 tokens
+    assert m.allocate_slots(a.request_id, 1, 12)
+    assert m.allocate_slots(b.request_id, 1, 11)  # b's own copy fills with the same 12 tokens
     assert b.merges and b.kv_blocks[0][0] is not a.kv_blocks[0][0]
     m.end_step()
     assert b.kv_blocks[0][0] is a.kv_blocks[0][0]  # merged: held once
@@ -516,7 +547,7 @@ def test_snapshots_never_exceed_their_share_and_the_oldest_free_goes_first():
     for i, prompt in enumerate(prompts):  # 5 tokens: one snapshot at 4 each
         s = seq(f"r{i}", prompt)
         run(m, s)
-        m.free(s)
+        m.free(s.request_id)
         pages.append(s.block_hashes[0])
         index = state_index(m)
         assert len(index) <= share
@@ -525,10 +556,10 @@ def test_snapshots_never_exceed_their_share_and_the_oldest_free_goes_first():
     oldest = pages[-share]
     again = seq("again", prompts[-share])
     assert run(m, again).num_tokens == 4
-    m.free(again)
+    m.free(again.request_id)
     s = seq("new", [7, 7, 7, 7, 7])
     run(m, s)
-    m.free(s)
+    m.free(s.request_id)
     index = state_index(m)
     assert oldest in index and pages[-share + 1] not in index
     assert len(index) == share
@@ -540,7 +571,7 @@ def test_state_groups_split_the_share():
     for i in range(8):
         s = seq(f"r{i}", [50 * i + t for t in range(1, 6)])
         run(m, s)
-        m.free(s)
+        m.free(s.request_id)
         total = len(m.pool.index[1]) + len(m.pool.index[2])
         assert len(m.pool.index[1]) <= per_group and len(m.pool.index[2]) <= per_group
         assert total <= 40 * 0.25
@@ -563,12 +594,12 @@ def test_lookup_has_no_side_effects():
     m = make()
     a = seq("a", list(range(1, 21)))
     run(m, a)
-    m.free(a)
+    m.free(a.request_id)
     b = seq("b", [*range(1, 21), 5, 5])
-    m.add_sequence(b)
+    b = add_seq(m, b)
     before = pool_state(m, [b])
     for _ in range(2):
-        hit = m.get_computed_blocks(b)
+        hit = m.get_computed_blocks(b.request_id)
         assert hit.num_tokens == 16
     assert pool_state(m, [b]) == before
 
@@ -577,18 +608,18 @@ def test_a_failed_allocation_and_the_free_after_it_change_nothing():
     m = make(num_blocks=12)
     a = seq("a", list(range(1, 21)))  # block 0 shared + block 1 copied on a hit at 16
     run(m, a)
-    m.free(a)
+    m.free(a.request_id)
     hog = seq("hog", [200, 201, 202])  # takes the two uncached free blocks
     run(m, hog)
     b = seq("b", [*range(1, 21), *range(60, 120)])  # 80 tokens: 6 new + 1 state > 9 - 3
-    m.add_sequence(b)
-    hit = m.get_computed_blocks(b)
+    b = add_seq(m, b)
+    hit = m.get_computed_blocks(b.request_id)
     assert hit.num_tokens == 16
     before = pool_state(m, [b, hog])
-    assert not m.allocate_slots(b, len(b.token_ids) - 16, 16, hit)
+    assert not m.allocate_slots(b.request_id, len(b.token_ids) - 16, 16, hit)
     assert pool_state(m, [b, hog]) == before
     assert m.take_copies() == []
-    m.free(b)  # as a scheduler would after giving up on it
+    m.free(b.request_id)  # as a scheduler would after giving up on it
     assert pool_state(m, [b, hog]) == before
     m.end_step()
     assert_sound(m, [hog], {"hog": 3})
@@ -633,10 +664,10 @@ class InterleavedCoordinator(StateCoordinator):
         return ok
 
 
-class InterleavedManager(KVCacheManager):
-    def __init__(self, config: KVCacheConfig) -> None:
-        super().__init__(config)
-        self._state = InterleavedCoordinator(self)
+class InterleavedManager(PlanManager):
+    @classmethod
+    def _coordinator_type(cls, has_state: bool) -> type:
+        return InterleavedCoordinator
 
 
 def seed_scenario(cls: type[KVCacheManager]) -> None:
@@ -646,12 +677,12 @@ def seed_scenario(cls: type[KVCacheManager]) -> None:
     m = make(num_blocks=10, share=1.0, cls=cls)
     a = seq("a", list(range(1, 21)))  # blocks X0 (hash 0..2), X1 (3, 4); snapshots 12, 16
     run(m, a)
-    m.free(a)  # its running page goes to the front, its cached blocks after
+    m.free(a.request_id)  # its running page goes to the front, its cached blocks after
     d = seq("d", list(range(100, 117)))  # takes the uncached blocks, leaves its snapshots
     run(m, d)
     b = seq("b", [*range(1, 17), *range(200, 212)])  # 16 local hits, 4 external, 8 new
-    m.add_sequence(b)
-    hit = m.get_computed_blocks(b)
+    b = add_seq(m, b)
+    hit = m.get_computed_blocks(b.request_id)
     assert hit.num_tokens == 16
     shared = hit.blocks[0][0]
     assert shared is not None and hit.blocks[0][1] is None
@@ -662,7 +693,7 @@ def seed_scenario(cls: type[KVCacheManager]) -> None:
     assert len(free) == 6 and set(free[:4]) >= hit_ids  # first in eviction order
     assert free[0] == snap.block_id  # the state hit is the very first to go
     # Just large enough: 3 hit blocks + copy target + 1 new attention block + running state.
-    assert m.allocate_slots(b, 8, 16, hit, num_external_tokens=4)
+    assert m.allocate_slots(b.request_id, 8, 16, hit, num_external_tokens=4)
     assert_sound(m, [b, d], {"b": 28, "d": 17}, scheduled=(b,), hits=(hit,))
     assert m.pool.num_free == 0
     assert b.kv_blocks[0][0] is shared
@@ -673,22 +704,22 @@ def seed_scenario(cls: type[KVCacheManager]) -> None:
     m.end_step()
     assert_sound(m, [b, d], {"b": 28, "d": 17})
     # Preempt, look up again, allocate again: the same guarantees.
-    m.free(b)
-    hit = m.get_computed_blocks(b)
+    m.free(b.request_id)
+    hit = m.get_computed_blocks(b.request_id)
     assert hit.num_tokens == 16 and not hit.wait
-    assert m.allocate_slots(b, 12, 16, hit)
+    assert m.allocate_slots(b.request_id, 12, 16, hit)
     assert plan(b).state_in == hit.sources[1][0].block_id
     assert_sound(m, [b, d], {"b": 28, "d": 17}, scheduled=(b,), hits=(hit,))
     m.end_step()
     assert_sound(m, [b, d], {"b": 28, "d": 17})
-    m.free(b)
-    m.free(d)
+    m.free(b.request_id)
+    m.free(d.request_id)
     assert m.pool.num_used == 0
-    check_invariants(m, [], {})
+    check_invariants(m, {})
 
 
 def test_local_state_hits_are_taken_before_new_and_external_blocks():
-    seed_scenario(KVCacheManager)
+    seed_scenario(PlanManager)
 
 
 def test_interleaved_phases_are_caught():

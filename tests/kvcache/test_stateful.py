@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 
+from _cache_seqs import add_seq
 from _kvsim import Sim
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -70,7 +71,7 @@ class CacheMachine(RuleBasedStateMachine):
         for _ in range(copies):
             seq = CacheSequence(f"r{self.n}", list(prompt), lora_name=lora, cache_salt=salt)
             self.n += 1
-            self.m.add_sequence(seq)
+            seq = add_seq(self.m, seq)
             self.waiting[seq.request_id] = seq
 
     @rule(data=st.data())
@@ -138,7 +139,7 @@ class CacheMachine(RuleBasedStateMachine):
         assert pool.num_used == 0
         assert sorted(pool.free_block_ids()) == list(range(1, len(pool.blocks)))
         assert all(b.ref_cnt == 0 for b in pool.blocks)
-        check_invariants(self.m, [], {})
+        check_invariants(self.m, {})
 
 
 class WeakHashMachine(CacheMachine):

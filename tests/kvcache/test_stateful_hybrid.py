@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from _cache_seqs import add_seq
 from _kvsim import assert_drained, ceil_div, next_token, prefix_key
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
@@ -75,7 +76,7 @@ class Chunk:
 
 
 def table_ids(m: KVCacheManager, seqs) -> dict[str, list[list[int]]]:
-    return {s.request_id: m.block_ids(s) for s in seqs}
+    return {s.request_id: m.block_ids(s.request_id) for s in seqs}
 
 
 def pool_state(m: KVCacheManager) -> tuple:
@@ -218,7 +219,7 @@ class HybridMachine(RuleBasedStateMachine):
         n = len(seq.token_ids)
         everyone = [seq, *(s for s in self.seqs.values() if s is not seq)]
         before_lookup = (table_ids(m, everyone), pool_state(m))
-        hit = m.get_computed_blocks(seq, computed)
+        hit = m.get_computed_blocks(seq.request_id, computed)
         assert (table_ids(m, everyone), pool_state(m)) == before_lookup, "lookup changed state"
         self.check_hit(seq, computed, hit)
         start = computed + hit.num_tokens
@@ -237,7 +238,10 @@ class HybridMachine(RuleBasedStateMachine):
         old_pool = pool_state(m)
         old_fields = (seq.num_cached_blocks, len(seq.merges), seq.skip_write_tokens)
         old_free = set(m.pool.free_block_ids())
-        ok = m.allocate_slots(seq, num_new, start, hit, num_external_tokens=external)
+        ok = (
+            m.allocate_slots(seq.request_id, num_new, start, hit, num_external_tokens=external)
+            is not None
+        )
         new_tables = table_ids(m, everyone)
         # Only window blocks below what the next token from `computed` (failure) or
         # `start` (success) reads may have been released; nothing else may change.
@@ -318,7 +322,7 @@ class HybridMachine(RuleBasedStateMachine):
         for _ in range(copies):
             seq = CacheSequence(f"r{self.n}", list(prompt), lora_name=lora, cache_salt=salt)
             self.n += 1
-            self.m.add_sequence(seq)
+            seq = add_seq(self.m, seq)
             self.waiting[seq.request_id] = seq
 
     @rule(data=st.data())
@@ -332,7 +336,7 @@ class HybridMachine(RuleBasedStateMachine):
         self.end_step()
 
     def end_step(self):
-        check_invariants(self.m, self.seqs.values(), between_steps=False)
+        check_invariants(self.m, between_steps=False)
         self.m.end_step()
         for rid, sch in self.scheduled.items():
             seq = self.seqs[rid]
@@ -347,7 +351,7 @@ class HybridMachine(RuleBasedStateMachine):
 
     def free(self, seq: CacheSequence) -> None:
         assert not self.scheduled
-        self.m.free(seq)
+        self.m.free(seq.request_id)
         del self.seqs[seq.request_id]
         del self.computed[seq.request_id]
         assert seq.kv_blocks == [[] for _ in self.windows]
@@ -379,7 +383,7 @@ class HybridMachine(RuleBasedStateMachine):
 
     def check(self) -> None:
         m, bs = self.m, self.bs
-        check_invariants(m, self.seqs.values(), self.computed)
+        check_invariants(m, self.computed)
         self.check_tables()
         for rid, seq in self.seqs.items():
             # sha256: no collision, so nothing may stop a sequence's blocks being cached.

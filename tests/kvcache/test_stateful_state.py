@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from _cache_seqs import add_seq
 from _kvsim import assert_drained
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
@@ -43,8 +44,7 @@ from kvserve.kvcache import (
     PrefixHit,
     check_invariants,
 )
-from kvserve.kvcache.grouping import inflate_for_state
-from kvserve.kvcache.specs import spec_from_name
+from kvserve.kvcache.specs import inflate_for_state, spec_from_name
 
 VOCAB = 3
 MAX_LEN = 40
@@ -66,7 +66,7 @@ def pool_state(m: KVCacheManager, seqs: list[CacheSequence]) -> tuple:
     """Everything lookup or a failed allocation must leave alone."""
     pool = m.pool
     return (
-        [m.block_ids(s) for s in seqs],
+        [m.block_ids(s.request_id) for s in seqs],
         [(s.num_cached_blocks, len(s.merges), [b.block_id for b in s.transient]) for s in seqs],
         pool.free_block_ids(),
         [(b.ref_cnt, b.block_hash, b.computed, len(b.entries or ())) for b in pool.blocks],
@@ -76,7 +76,7 @@ def pool_state(m: KVCacheManager, seqs: list[CacheSequence]) -> tuple:
         ],
         pool.num_evictions,
         len(pool.pending),
-        len(m._state.copies),  # type: ignore[union-attr]
+        sum(len(s.copies) for s in seqs),
     )
 
 
@@ -215,7 +215,7 @@ class StateMachine(RuleBasedStateMachine):
         n = len(seq.token_ids)
         everyone = [seq, *(s for s in self.seqs.values() if s is not seq)]
         before = pool_state(m, everyone)
-        hit = m.get_computed_blocks(seq, computed)
+        hit = m.get_computed_blocks(seq.request_id, computed)
         assert pool_state(m, everyone) == before, "lookup changed state"
         if computed:
             assert not hit.num_tokens and not hit.wait
@@ -234,12 +234,13 @@ class StateMachine(RuleBasedStateMachine):
         num_new = n - first if size is None else min(size, n - first)
         end = first + num_new
         old = [list(t) for t in seq.kv_blocks]
-        ok = m.allocate_slots(seq, num_new, start, hit, num_external_tokens=external)
+        plan = m.allocate_slots(seq.request_id, num_new, start, hit, num_external_tokens=external)
+        ok = plan is not None
         event(f"alloc ok={ok} hit={hit.num_tokens > 0} ext={external > 0} mid={computed > 0}")
         if not ok:
             assert pool_state(m, everyone) == before, "failed allocation changed state"
             return False
-        copies = m.take_copies()
+        copies = plan.copies
         tokens = tuple(seq.token_ids)
         table = seq.kv_blocks[0]
         assert len(table) == -(-end // bs), "attention slots != scheduled tokens"
@@ -305,7 +306,7 @@ class StateMachine(RuleBasedStateMachine):
                 return
             seq = CacheSequence(f"r{self.n}", list(prompt))
             self.n += 1
-            self.m.add_sequence(seq)
+            seq = add_seq(self.m, seq)
             self.waiting[seq.request_id] = seq
 
     @rule(data=st.data(), masks=st.tuples(st.integers(0, 127), st.integers(0, 127)))
@@ -317,7 +318,7 @@ class StateMachine(RuleBasedStateMachine):
                 seq = self.seqs.get(rid) or self.waiting[rid]
                 if self.schedule(seq, data):
                     self.waiting.pop(rid, None)
-        check_invariants(self.m, self.seqs.values(), between_steps=False)
+        check_invariants(self.m, between_steps=False)
         self.m.end_step()
         for rid, chunk in self.scheduled.items():
             seq = self.seqs[rid]
@@ -334,7 +335,7 @@ class StateMachine(RuleBasedStateMachine):
 
     def free(self, seq: CacheSequence) -> None:
         assert not self.scheduled
-        self.m.free(seq)
+        self.m.free(seq.request_id)
         del self.seqs[seq.request_id]
         del self.computed[seq.request_id]
         assert seq.kv_blocks == [[], [], []] and not seq.transient
@@ -356,7 +357,7 @@ class StateMachine(RuleBasedStateMachine):
         rid = data.draw(st.sampled_from(sorted(self.waiting)))
         seq = self.waiting.pop(rid)
         before = pool_state(self.m, list(self.seqs.values()))
-        self.m.free(seq)  # holds nothing: a no-op
+        self.m.free(seq.request_id)  # holds nothing: a no-op
         assert pool_state(self.m, list(self.seqs.values())) == before
 
     @invariant()
@@ -366,7 +367,7 @@ class StateMachine(RuleBasedStateMachine):
 
     def check(self) -> None:
         m = self.m
-        check_invariants(m, self.seqs.values(), self.computed)
+        check_invariants(m, self.computed)
         self.check_groups()
         for rid, seq in self.seqs.items():
             tokens = tuple(seq.token_ids)

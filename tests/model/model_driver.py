@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvserve.kvcache import CacheSequence, KVCacheConfig, KVCacheManager
-from kvserve.model import ModelRunner, SeqChunk
+from kvserve.batch import SeqChunk
+from kvserve.kvcache import KVCacheConfig, KVCacheManager, StepPlan
+from kvserve.model import ModelRunner
 from kvserve.sampling_params import SamplingParams
 
 NEW = 10
@@ -32,17 +33,17 @@ class Request:
     max_new_tokens: int
     params: SamplingParams | None = None
     arrival_step: int = 0
-    seq: CacheSequence = field(init=False)
+    token_ids: list[int] = field(init=False)
     num_computed: int = 0
     output: list[int] = field(default_factory=list)
     hit_tokens: int = 0
     """Prompt tokens found in the prefix cache (shared, not recomputed)."""
     skipped_writes: int = 0
-    """skip_write_tokens the manager set: the fully cached prompt case."""
+    """skip_write_until of the step plans: the fully cached prompt case."""
     done: bool = False
 
     def __post_init__(self) -> None:
-        self.seq = CacheSequence(self.request_id, list(self.prompt))
+        self.token_ids = list(self.prompt)
 
 
 @dataclass
@@ -70,7 +71,7 @@ class Driver:
         while pending or active:
             while pending and pending[0].arrival_step <= self.steps:
                 request = pending.pop(0)
-                self.manager.add_sequence(request.seq)
+                self.manager.add_request(request.request_id, request.token_ids)
                 active.append(request)
             if active:
                 self.step(active)
@@ -81,30 +82,21 @@ class Driver:
     def step(self, requests: list[Request]) -> None:
         m = self.manager
         scheduled: list[tuple[Request, int]] = []
+        chunks = []
         for r in requests:
-            seq = r.seq
-            hit = m.get_computed_blocks(seq, r.num_computed)
+            hit = m.get_computed_blocks(r.request_id, r.num_computed)
             if hit.num_tokens:
                 r.hit_tokens += hit.num_tokens
                 r.num_computed += hit.num_tokens
-            remaining = len(seq.token_ids) - r.num_computed
+            remaining = len(r.token_ids) - r.num_computed
             num_new = remaining if self.chunk_size is None else min(remaining, self.chunk_size)
             assert num_new >= 1
-            assert m.allocate_slots(seq, num_new, r.num_computed, hit), "test pool too small"
-            r.skipped_writes = max(r.skipped_writes, seq.skip_write_tokens)
+            plan = m.allocate_slots(r.request_id, num_new, r.num_computed, hit)
+            assert plan is not None, "test pool too small"
+            r.skipped_writes = max(r.skipped_writes, plan.skip_write_until)
             scheduled.append((r, num_new))
-        chunks = [
-            SeqChunk(
-                request_id=r.request_id,
-                token_ids=r.seq.token_ids[r.num_computed : r.num_computed + n],
-                start_pos=r.num_computed,
-                block_tables=m.block_ids(r.seq),
-                skip_write_until=r.seq.skip_write_tokens,
-                sample=r.num_computed + n == len(r.seq.token_ids),
-                params=r.params,
-            )
-            for r, n in scheduled
-        ]
+            sample = r.num_computed + num_new == len(r.token_ids)
+            chunks.append(SeqChunk(r.request_id, r.token_ids, plan, sample, r.params))
         tokens = self.runner.execute(chunks)
         m.end_step()
         for (r, n), token in zip(scheduled, tokens, strict=True):
@@ -112,11 +104,11 @@ class Driver:
             if token is None:
                 continue
             r.output.append(token)
-            r.seq.token_ids.append(token)
+            r.token_ids.append(token)
             stop = token in self.runner.eos_token_ids and not (r.params and r.params.ignore_eos)
             if stop or len(r.output) >= r.max_new_tokens:
                 r.done = True
-                m.free(r.seq)
+                m.remove_request(r.request_id)
                 self.runner.free_request(r.request_id)
 
 
@@ -129,3 +121,18 @@ def generate(
     """Greedy tokens for prompts that all arrive at step 0."""
     requests = [Request(f"r{i}", p, max_new_tokens) for i, p in enumerate(prompts)]
     return Driver(runner, **driver_kwargs).run(requests)
+
+
+def make_chunk(
+    request_id: str,
+    token_ids: list[int],
+    start_pos: int,
+    block_tables: list[list[int]],
+    *,
+    skip_write_until: int = 0,
+    **kwargs,
+) -> SeqChunk:
+    """A runner chunk computing `token_ids` at `start_pos` with these block tables."""
+    plan = StepPlan(request_id, block_tables, start_pos, len(token_ids), skip_write_until)
+    earlier = [0] * max(0, start_pos)  # positions before the chunk: never read by the runner
+    return SeqChunk(request_id, earlier + list(token_ids), plan, **kwargs)

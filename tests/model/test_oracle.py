@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from model_driver import NEW, Driver, Request, generate, prompt
-
-from kvserve.model import SeqChunk
+from model_driver import NEW, Driver, Request, generate, make_chunk, prompt
 
 BLOCK = 4  # the session runners' block size
 # Lengths around block boundaries: 1, k*BLOCK - 1, k*BLOCK, k*BLOCK + 1, longer.
@@ -97,5 +95,5 @@ def test_garbage_in_unwritten_cache_slots_is_never_read(checkpoint, runner):
 
 def test_sample_false_returns_none_and_empty_batch(runner):
     assert runner.execute([]) == []
-    chunk = SeqChunk("n", [5, 6, 7], 0, [[1]], sample=False)
+    chunk = make_chunk("n", [5, 6, 7], 0, [[1]], sample=False)
     assert runner.execute([chunk]) == [None]

@@ -5,8 +5,9 @@ from __future__ import annotations
 import logging
 
 import pytest
+from model_driver import make_chunk
 
-from kvserve.model import ModelRunner, SeqChunk
+from kvserve.model import ModelRunner
 from kvserve.model.kv_memory import CPU_CAP, default_kv_cache_memory
 
 
@@ -44,11 +45,11 @@ def test_too_small_a_cache_is_refused(checkpoints):
 @pytest.mark.parametrize(
     ("chunk", "message"),
     [
-        (SeqChunk("bad-empty", [], 0, [[1]]), "bad-empty.*at least one token"),
-        (SeqChunk("bad-id", [5, 999], 0, [[1]]), "bad-id.*token ids"),
-        (SeqChunk("bad-neg", [-1], 0, [[1]]), "bad-neg.*token ids"),
-        (SeqChunk("bad-block", [5], 0, [[400]]), "bad-block.*block ids"),
-        (SeqChunk("bad-pos", [5], -2, [[1]]), "bad-pos.*start_pos"),
+        (make_chunk("bad-empty", [], 0, [[1]]), "bad-empty.*at least one token"),
+        (make_chunk("bad-id", [5, 999], 0, [[1]]), "bad-id.*token ids"),
+        (make_chunk("bad-neg", [-1], 0, [[1]]), "bad-neg.*token ids"),
+        (make_chunk("bad-block", [5], 0, [[400]]), "bad-block.*block ids"),
+        (make_chunk("bad-pos", [5], -2, [[1]]), "bad-pos.*start_pos"),
     ],
 )
 def test_malformed_chunks_name_the_request(runners, chunk, message):
@@ -58,4 +59,4 @@ def test_malformed_chunks_name_the_request(runners, chunk, message):
 
 def test_short_block_table_is_refused(runners):
     with pytest.raises(ValueError, match=r"short.*cannot hold 5 tokens"):
-        runners["qwen3"].execute([SeqChunk("short", [1, 2, 3, 4, 5], 0, [[1]])])
+        runners["qwen3"].execute([make_chunk("short", [1, 2, 3, 4, 5], 0, [[1]])])

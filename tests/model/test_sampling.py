@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from model_driver import NEW, Driver, Request, prompt
+from model_driver import NEW, Driver, Request, make_chunk, prompt
 
 from kvserve.model.sampler import filtered_probs, sample
 from kvserve.sampling_params import SamplingParams
@@ -155,13 +155,11 @@ def test_banned_tokens_are_never_picked():
 
 
 def test_min_tokens_holds_back_eos_and_stop_tokens(checkpoints, runners):
-    from kvserve.model import SeqChunk
-
     runner, ck = runners["qwen3"], checkpoints["qwen3"]
     p = prompt(6, salt=27)
     first = ck.reference(p, 1)[0]
     params = SamplingParams(temperature=0, min_tokens=2, max_tokens=4)
-    chunk = lambda **kw: SeqChunk("mt", p, 0, [[1, 2]], params=params, **kw)  # noqa: E731
+    chunk = lambda **kw: make_chunk("mt", p, 0, [[1, 2]], params=params, **kw)  # noqa: E731
     saved = runner.eos_token_ids
     try:
         runner.eos_token_ids = {first}

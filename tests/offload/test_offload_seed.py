@@ -11,9 +11,10 @@ invariant must hold after every step.
 from __future__ import annotations
 
 import torch
+from _cache_seqs import add_seq
 
 from kvserve import LLM, SamplingParams
-from kvserve.engine.request import Request
+from kvserve.kvcache import CacheSequence
 from kvserve.kvcache.invariants import check_invariants
 
 G = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
@@ -28,7 +29,7 @@ def check(llm: LLM) -> None:
     engine = llm.engine
     held = engine.scheduler.running
     computed = {r.request_id: r.num_computed_tokens for r in held}
-    check_invariants(engine.manager, held, computed)
+    check_invariants(engine.manager, computed)
 
 
 def run_checked(llm: LLM, request_id: str, tokens: list[int]) -> list[int]:
@@ -79,11 +80,12 @@ def test_local_hits_and_external_blocks_on_three_groups(gemma3_3groups_checkpoin
         engine.step()
         check(llm)
     target = x + y + prompt(3, 4)
-    probe = Request("probe", list(target), max_tokens=4)
-    engine.manager.add_sequence(probe)
-    hit = engine.manager.get_computed_blocks(probe, 0)
+    probe = CacheSequence("probe", list(target))
+    probe = add_seq(engine.manager, probe)
+    hit = engine.manager.get_computed_blocks(probe.request_id, 0)
     assert hit.num_tokens == 16
     assert interleaving_would_evict(engine.manager, hit, probe)
+    engine.manager.remove_request("probe")
     before = llm.stats()
     engine.add_request("c", target, G)
     outputs: dict[str, list[int]] = {}

@@ -1,4 +1,4 @@
-"""From per-layer specs to KV cache groups that share one pool.
+"""From a model's per-layer specs to KV cache groups that share one pool.
 
 One pool hands out blocks of one size to every group. Layers with equal
 specs form a kind; each kind is split into groups of the same number of
@@ -11,12 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from kvserve.kvcache.specs import (
-    FullAttentionSpec,
-    KVCacheSpec,
-    MambaStateSpec,
-    SlidingWindowSpec,
-)
+from kvserve.kvcache.specs import KVCacheSpec, inflate_for_state
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,31 +55,3 @@ def group_layers(layer_specs: list[KVCacheSpec]) -> GroupLayout:
                 layer_group[layer] = group
                 layer_slot[layer] = slot
     return GroupLayout(inflate_for_state(specs), layer_group, layer_slot, size)
-
-
-def inflate_for_state(specs: list[KVCacheSpec]) -> list[KVCacheSpec]:
-    """One page size for attention and state groups: grow the attention block.
-
-    A state page (a whole request's recurrent state) is usually far larger
-    than one hash block of K/V, so attention blocks become k hash blocks,
-    the smallest k whose page holds a state page (vLLM does the same). The
-    hash block size, the unit of matching and events, is unchanged; state
-    groups take the physical block size as their snapshot interval.
-    """
-    if not any(isinstance(s, MambaStateSpec) for s in specs):
-        return specs
-    if any(isinstance(s, SlidingWindowSpec) for s in specs):
-        raise ValueError("sliding-window layers together with Mamba state layers are not supported")
-    attention = [s for s in specs if isinstance(s, FullAttentionSpec)]
-    if not attention:
-        raise ValueError(
-            "Mamba state layers need at least one full-attention layer: prefix hits are "
-            "verified against the attention blocks (pure Mamba models are not supported)"
-        )
-    hash_block_size = attention[0].block_size
-    if any(s.block_size != hash_block_size for s in specs):
-        raise ValueError("every layer spec must start from the same (hash) block size")
-    state_page = max(s.page_bytes for s in specs if isinstance(s, MambaStateSpec))
-    per_hash_block = max(s.page_bytes for s in attention)
-    k = max(1, -(-state_page // per_hash_block))
-    return [replace(s, block_size=k * hash_block_size) for s in specs]

@@ -1,8 +1,8 @@
 import pytest
 
 from kvserve.kvcache import FullAttentionSpec
-from kvserve.kvcache.grouping import group_layers
 from kvserve.kvcache.specs import SlidingWindowSpec
+from kvserve.model.layer_groups import group_layers
 
 FULL = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=8, dtype_bytes=4)
 SLIDE = SlidingWindowSpec(
