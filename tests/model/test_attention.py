@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kvserve.model.attention import AttentionMetadata, paged_attention
+from kvserve.model.attention import paged_attention
+from kvserve.model.attention_metadata import AttentionMetadata
 
 BS, KV_HEADS, HEADS, DIM = 4, 2, 4, 8
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from kvserve.model.attention import AttentionMetadata
+from kvserve.model.attention_metadata import AttentionMetadata
 from kvserve.model.config import ModelConfig
 from kvserve.model.errors import ModelLoadError
 from kvserve.model.loader import load_model

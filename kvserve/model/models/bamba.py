@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kvserve.model.attention import AttentionMetadata
+from kvserve.model.attention_metadata import AttentionMetadata
 from kvserve.model.config import ModelConfig
 from kvserve.model.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary
 from kvserve.model.mamba2 import Mamba2Mixer, StateMetadata

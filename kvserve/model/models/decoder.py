@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from kvserve.model.attention import AttentionMetadata, paged_attention
+from kvserve.model.attention import paged_attention
+from kvserve.model.attention_metadata import AttentionMetadata
 from kvserve.model.config import ModelConfig
 from kvserve.model.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary
 

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from kvserve.model.attention import AttentionMetadata
+from kvserve.model.attention_metadata import AttentionMetadata
 from kvserve.model.config import ModelConfig, RopeConfig, _rope_config
 from kvserve.model.layers import RotaryEmbedding
 from kvserve.model.models.decoder import DecoderAttention, DecoderForCausalLM, DecoderOptions

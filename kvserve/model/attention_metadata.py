@@ -1,0 +1,272 @@
+"""The attention metadata of one step: where each new token's K/V is written, what each
+sequence reads.
+
+A position p of a sequence lives in flat cache slot block_table[p // block_size] *
+block_size + p % block_size (block 0 is the null block and is never written). The
+slot indices are built once per step and shared by the layers of one KV cache group
+(one metadata per group). A sliding-window group's metadata reads only each query's
+window (keys p-W+1..p): the table entries before it may be the null block. A fresh
+prefill reads no slots: it attends to its own new k/v directly. Decodes are padded
+into groups; those whose block tables begin with the same blocks (a shared prompt
+prefix) get that prefix's slots once for the whole group, not once per sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(slots=True)
+class SeqSpan:
+    """One multi-token sequence of the batch (a prefill chunk), for the attention read."""
+
+    query_start: int
+    """Index of its first token in the flattened batch."""
+    query_len: int
+    context_len: int
+    """Keys it reads: positions [end - context_len, end) (all of [0, end) unless windowed)."""
+    slots: torch.Tensor | None
+    """[context_len] flat cache slots of the context (long); None when the context is
+    exactly this step's new tokens, all written (a fresh prefill): they are read from
+    the batch's k/v directly, which hold the same values."""
+    mask: torch.Tensor
+    """[query_len, context_len] bool, True = may attend."""
+
+
+@dataclass(slots=True)
+class DecodeGroup:
+    """Single-token sequences attended in one padded call.
+
+    Either sequences of similar context length, or sequences whose block tables
+    begin with the same blocks (a shared prompt prefix): then that prefix is
+    read once for the whole group instead of once per sequence.
+    """
+
+    index: torch.Tensor
+    """[B] their positions in the flattened batch."""
+    slots: torch.Tensor
+    """[B, S] flat cache slots of each context after the shared prefix, padded with
+    slot 0 (the null block, zeros) up to the group's longest S."""
+    mask: torch.Tensor
+    """[B, 1, 1, S] bool, True for real context, False for padding."""
+    prefix_slots: torch.Tensor | None = None
+    """[P] flat cache slots of the prefix all sequences of the group share (positions
+    [0, P) of each); None when they share none."""
+
+
+DECODE_GROUP = 16
+"""Decodes sorted by context length are attended in groups of this many, each padded
+only to its own longest context (one padded call over a whole batch of mixed lengths
+gathers mostly padding)."""
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    """Where each new token's K/V goes and what each sequence reads; shared by all layers."""
+
+    write_slots: torch.Tensor
+    """Flat cache slots (block_id * block_size + offset) of the tokens that are written."""
+    write_index: torch.Tensor | None
+    """Which batch tokens are written; None when all of them are (the common case)."""
+    prefills: list[SeqSpan]
+    """Sequences with several query tokens, attended one by one."""
+    decodes: list[DecodeGroup]
+    """The single-token sequences: groups sharing a prompt prefix, the others in groups
+    of similar context length."""
+    window: int | None = None
+    """Sliding window of the group's layers (None: full attention)."""
+
+    @classmethod
+    def build(
+        cls,
+        spans: list[tuple[int, int, list[int], int]],
+        block_size: int,
+        device: torch.device,
+        window: int | None = None,
+    ) -> AttentionMetadata:
+        """From (start_pos, num_tokens, block_table, skip_write_until) per sequence.
+
+        A position p lives in slot block_table[p // block_size] * block_size +
+        p % block_size; positions below skip_write_until already hold their K/V
+        (a fully cached prompt) and are attended to but not written. With a
+        `window`, a query at position p reads only keys p-W+1..p.
+        """
+        slot_parts: list[torch.Tensor] = []  # written slots, in batch order
+        index_parts: list[torch.Tensor] = []  # batch positions of the written tokens
+        decode_slots: list[int] = []  # runs of decodes, joined into one tensor
+        decode_rows: list[int] = []
+        skipped = False
+        prefills: list[SeqSpan] = []
+        decodes: list[tuple[int, int, list[int]]] = []
+        query_start = 0
+        for start, num, table, skip in spans:
+            end = start + num
+            needed = -(-end // block_size)
+            if len(table) < needed:
+                raise ValueError(
+                    f"block table of {len(table)} blocks cannot hold {end} tokens "
+                    f"(block size {block_size})"
+                )
+            first = max(start, skip)  # positions [first, end) are written
+            if first < end and 0 in table[first // block_size : needed]:
+                p = next(p for p in range(first, end) if table[p // block_size] == 0)
+                raise ValueError(f"position {p} would be written into the null block 0")
+            skipped |= first > start
+            if num == 1:
+                decodes.append((query_start, end, table[:needed]))
+                if first < end:
+                    decode_slots.append(
+                        table[start // block_size] * block_size + start % block_size
+                    )
+                    decode_rows.append(query_start)
+            else:
+                slots = _slots(table[:needed], end, block_size, device)
+                fresh = start == 0 and skip == 0
+                mask = _causal_mask(start, num, device, window)
+                lo = 0 if fresh or window is None else max(0, start - window + 1)
+                read = None if fresh else slots[lo:]
+                prefills.append(SeqSpan(query_start, num, end - lo, read, mask[:, lo:]))
+                if first < end:
+                    _flush(decode_slots, decode_rows, slot_parts, index_parts, device)
+                    slot_parts.append(slots[first:])
+                    index_parts.append(
+                        torch.arange(query_start + first - start, query_start + num, device=device)
+                    )
+            query_start += num
+        _flush(decode_slots, decode_rows, slot_parts, index_parts, device)
+        empty = torch.empty(0, dtype=torch.long, device=device)
+        slot_tensor = torch.cat(slot_parts) if slot_parts else empty
+        index = None
+        if skipped:
+            index = torch.cat(index_parts) if index_parts else empty
+        groups = _decode_groups(decodes, block_size, device, window)
+        return cls(slot_tensor, index, prefills, groups, window)
+
+
+def _slots(table: list[int], end: int, block_size: int, device: torch.device) -> torch.Tensor:
+    """Flat cache slots of positions [0, end) through a block table."""
+    blocks = torch.tensor(table, dtype=torch.long, device=device)
+    pos = torch.arange(end, device=device)
+    return blocks[pos // block_size] * block_size + pos % block_size
+
+
+def _flush(
+    slots: list[int],
+    rows: list[int],
+    slot_parts: list[torch.Tensor],
+    index_parts: list[torch.Tensor],
+    device: torch.device,
+) -> None:
+    """Move a run of decode writes (python ints) into the tensor parts, keeping batch order."""
+    if slots:
+        slot_parts.append(torch.tensor(slots, dtype=torch.long, device=device))
+        index_parts.append(torch.tensor(rows, dtype=torch.long, device=device))
+        slots.clear()
+        rows.clear()
+
+
+SHARED_PREFIX_MIN_BLOCKS = 4
+"""Decodes whose tables share at least this many leading blocks read them once, together."""
+
+
+def _decode_groups(
+    decodes: list[tuple[int, int, list[int]]],
+    block_size: int,
+    device: torch.device,
+    window: int | None = None,
+) -> list[DecodeGroup]:
+    """(batch position, context length, block table) per decode -> padded groups."""
+    if window is not None:
+        # No shared prefix: the head of a windowed table is the null block.
+        ordered = sorted(decodes, key=lambda d: d[1])
+        return [
+            _window_decode_group(ordered[i : i + DECODE_GROUP], window, block_size, device)
+            for i in range(0, len(ordered), DECODE_GROUP)
+        ]
+    by_first: dict[int, list[tuple[int, int, list[int]]]] = {}
+    for d in decodes:
+        by_first.setdefault(d[2][0], []).append(d)
+    groups = []
+    rest = []
+    for part in by_first.values():
+        shared = _common_blocks([t for _, _, t in part]) if len(part) > 1 else 0
+        prefix = min(shared * block_size, min(n for _, n, _ in part))
+        if shared < SHARED_PREFIX_MIN_BLOCKS or prefix < block_size:
+            rest.extend(part)
+            continue
+        groups.append(_decode_group(part, prefix, block_size, device))
+    rest.sort(key=lambda d: d[1])
+    for i in range(0, len(rest), DECODE_GROUP):
+        groups.append(_decode_group(rest[i : i + DECODE_GROUP], 0, block_size, device))
+    return groups
+
+
+def _common_blocks(tables: list[list[int]]) -> int:
+    """How many leading block ids all tables have in common."""
+    first = tables[0]
+    n = min(len(t) for t in tables)
+    for t in tables[1:]:
+        i = 0
+        while i < n and t[i] == first[i]:
+            i += 1
+        n = i
+    return n
+
+
+def _decode_group(
+    part: list[tuple[int, int, list[int]]], prefix: int, block_size: int, device: torch.device
+) -> DecodeGroup:
+    """One group; positions below `prefix` are read through the shared prefix slots."""
+    width = max(len(t) for _, _, t in part)
+    tables = torch.tensor(
+        [t + [0] * (width - len(t)) for _, _, t in part], dtype=torch.long, device=device
+    )
+    lens = torch.tensor([n for _, n, _ in part], dtype=torch.long, device=device)
+    pos = torch.arange(prefix, max(int(lens.max()), prefix + 1), device=device)
+    valid = pos[None, :] < lens[:, None]
+    slots = tables[:, pos // block_size] * block_size + pos % block_size
+    prefix_slots = None
+    if prefix:
+        head = torch.arange(prefix, device=device)
+        prefix_slots = tables[0, head // block_size] * block_size + head % block_size
+    return DecodeGroup(
+        torch.tensor([q for q, _, _ in part], dtype=torch.long, device=device),
+        slots.masked_fill_(~valid, 0),
+        valid[:, None, None, :],
+        prefix_slots,
+    )
+
+
+def _window_decode_group(
+    part: list[tuple[int, int, list[int]]], window: int, block_size: int, device: torch.device
+) -> DecodeGroup:
+    """Each decode at position n - 1 reads only keys n - W .. n - 1 (padding: null slot 0)."""
+    width = max(len(t) for _, _, t in part)
+    tables = torch.tensor(
+        [t + [0] * (width - len(t)) for _, _, t in part], dtype=torch.long, device=device
+    )
+    lens = torch.tensor([n for _, n, _ in part], dtype=torch.long, device=device)
+    span = min(window, int(lens.max()))
+    pos = lens[:, None] - span + torch.arange(span, device=device)[None, :]
+    valid = pos >= 0
+    pos = pos.clamp_(min=0)
+    slots = tables.gather(1, pos // block_size) * block_size + pos % block_size
+    return DecodeGroup(
+        torch.tensor([q for q, _, _ in part], dtype=torch.long, device=device),
+        slots.masked_fill_(~valid, 0),
+        valid[:, None, None, :],
+    )
+
+
+def _causal_mask(
+    start: int, num: int, device: torch.device, window: int | None = None
+) -> torch.Tensor:
+    """Query i (at position start + i) sees keys 0 .. start + i (the last `window` of them)."""
+    keys = torch.arange(start + num, device=device)
+    queries = torch.arange(start, start + num, device=device)
+    mask = keys[None, :] <= queries[:, None]
+    if window is not None:
+        mask &= keys[None, :] > queries[:, None] - window
+    return mask
