@@ -1,9 +1,15 @@
-"""The engine's options, in one place: `LLM(model, **kwargs)` and `LLMEngine` share them."""
+"""The engine's options, in one place: `LLM(model, **kwargs)`, `LLMEngine` and the command
+line (`kvserve.cli.engine_options` derives its flags, types, defaults and help from here)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+
+def _help(text: str) -> dict[str, str]:
+    """A field's metadata: its command-line help (argparse formats it, so no bare %)."""
+    return {"help": text}
 
 
 @dataclass(slots=True, kw_only=True)
@@ -11,25 +17,57 @@ class EngineArgs:
     """Every keyword `LLM` accepts; an unknown one is a TypeError (a typo must not
     silently fall back to a default)."""
 
-    block_size: int = 16
-    num_kv_blocks: int | None = None
-    """KV blocks; default: sized from available memory (capped) and logged."""
-    kv_cache_memory: int | None = None
-    """Bytes for the KV cache, instead of `num_kv_blocks`."""
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    max_model_len: int | None = None
-    """Default: the model's max_position_embeddings."""
-    enable_prefix_caching: bool = True
-    dtype: str = "auto"
-    """auto: float32 on the CPU, bfloat16 on CUDA."""
-    seed: int = 0
-    device: str | None = None
-    hash_fn: str = "sha256"
-    hash_seed: int = 0
-    num_threads: int | None = None
-    """CPU threads; default $OMP_NUM_THREADS, else all cores."""
-    kv_events_config: Any = None
-    """KVEventsConfig or its dict (vLLM's keys); None: no events."""
-    offload: str | None = None
-    """External KV tiers, e.g. "cpu:8GiB,disk:/path/to/dir:50GiB" (either alone); None: off."""
+    block_size: int = field(
+        default=16,
+        metadata=_help("tokens per KV block (the hash block; hybrids with state groups "
+                       "inflate blocks to a multiple of it)"),
+    )  # fmt: skip
+    num_kv_blocks: int | None = field(
+        default=None,
+        metadata=_help("KV blocks (default: sized from available memory, capped, and logged)"),
+    )
+    kv_cache_memory: int | None = field(
+        default=None,
+        metadata=_help("KV cache size in bytes, instead of num_kv_blocks; the command line "
+                       "takes e.g. 2GiB"),
+    )  # fmt: skip
+    max_num_seqs: int = field(default=256, metadata=_help("max running requests"))
+    max_num_batched_tokens: int = field(
+        default=8192, metadata=_help("token budget per step (prompts beyond it are chunked)")
+    )
+    max_model_len: int | None = field(
+        default=None,
+        metadata=_help("max prompt + output tokens (default: the model's max_position_embeddings)"),
+    )
+    enable_prefix_caching: bool = field(
+        default=True,
+        metadata=_help("reuse the cached KV blocks of equal prefixes; False: compute every "
+                       "prompt token"),
+    )  # fmt: skip
+    dtype: str = field(default="auto", metadata=_help("auto: float32 on the CPU, bfloat16 on CUDA"))
+    seed: int = field(
+        default=0, metadata=_help("seed of the sampler for requests without their own seed")
+    )
+    device: str | None = field(
+        default=None, metadata=_help("cpu or cuda (default: cuda when available)")
+    )
+    hash_fn: str = field(default="sha256", metadata=_help("block hash function"))
+    hash_seed: int = field(
+        default=0,
+        metadata=_help("root of the hash chain; equal seeds give equal hashes on every machine"),
+    )
+    num_threads: int | None = field(
+        default=None, metadata=_help("CPU threads (default: $OMP_NUM_THREADS, else all cores)")
+    )
+    kv_events_config: Any = field(
+        default=None,
+        metadata=_help("publish KV cache events: vLLM's keys as JSON (in Python also a dict "
+                       "or a KVEventsConfig), e.g. '{\"enable_kv_cache_events\": true, "
+                       "\"endpoint\": \"tcp://*:5557\", \"replay_endpoint\": \"tcp://*:5558\"}' "
+                       "(watch them with `kvserve events`); default: no events"),
+    )  # fmt: skip
+    offload: str | None = field(
+        default=None,
+        metadata=_help("external KV tiers below the pool, e.g. cpu:8GiB,disk:/path/to/dir:50GiB "
+                       "(either alone); a disk tier persists across runs; default: off"),
+    )  # fmt: skip

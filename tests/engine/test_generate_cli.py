@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from kvserve.cli import DEMO_PROMPTS
+from kvserve.cli.generate import DEMO_PROMPTS
 
 
 def run(args, tmp_path):

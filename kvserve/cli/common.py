@@ -1,0 +1,52 @@
+"""What several commands share: value parsers, the help formatter, the KV events options."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def positive(value: str) -> int:
+    """An int >= 1: counts and sizes where 0 would only fail later, less clearly."""
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return number
+
+
+def parse_bytes(value: str) -> int:
+    """'8GiB', '512MiB', '1.5GB', '1000000' -> bytes (kvserve.offload.parse_size)."""
+    from kvserve.offload.options import parse_size
+
+    try:
+        size = parse_size(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if size <= 0:
+        raise argparse.ArgumentTypeError(f"size must be positive, got {value!r}")
+    return size
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Shows a default once: not for flags, None, or help that already says its default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if (
+            action.option_strings
+            and action.nargs != 0
+            and action.default not in (None, argparse.SUPPRESS)
+            and "default" not in text
+        ):
+            return f"{text} (default: %(default)s)"
+        return action.help
+
+
+def add_kv_events_linger(group: argparse._ArgumentGroup) -> None:
+    """Events go out while the engine runs; a watcher that starts late needs replay after."""
+    group.add_argument(
+        "--kv-events-linger",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="keep serving KV event replay and snapshots this long after the run",
+    )

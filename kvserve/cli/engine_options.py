@@ -1,0 +1,100 @@
+"""`EngineArgs` as command-line options, generated from the dataclass so that the two cannot
+drift: each field's flag (`block_size` -> `--block-size`), type, default and help come from
+it; `_SPECIAL` keeps only what a type cannot say (lower bounds, spellings kvserve has used,
+choices, sizes such as 2GiB). Every command that builds an engine adds them with
+`add_engine_options`."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+import typing
+from collections.abc import Collection
+from typing import Any
+
+from kvserve.cli.common import parse_bytes, positive
+from kvserve.engine.engine_args import EngineArgs
+from kvserve.kvcache.hashing import HASH_FUNCTIONS
+
+_SPECIAL: dict[str, dict[str, Any]] = {
+    **{
+        name: {"type": positive}
+        for name in (
+            "block_size",
+            "num_kv_blocks",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "max_model_len",
+            "num_threads",
+        )
+    },
+    "kv_cache_memory": {"type": parse_bytes},
+    # vLLM spells it --no-enable-prefix-caching; kvserve has always said --no-prefix-caching.
+    "enable_prefix_caching": {"flags": ("--no-prefix-caching", "--no-enable-prefix-caching")},
+    "dtype": {"choices": ("auto", "float32", "bfloat16", "float16")},
+    # `generate --seed` is the per-request sampling seed (SamplingParams.seed).
+    "seed": {"flags": ("--engine-seed",), "dest": "engine_seed"},
+    "hash_fn": {"flags": ("--hash", "--hash-fn"), "choices": sorted(HASH_FUNCTIONS)},
+    "kv_events_config": {"type": str, "metavar": "JSON"},  # the engine parses the JSON
+    "offload": {"metavar": "TIERS"},
+}
+
+
+def engine_fields() -> tuple[dataclasses.Field, ...]:
+    return dataclasses.fields(EngineArgs)
+
+
+def dest_of(name: str) -> str:
+    """The namespace attribute of field `name` (its own name unless another option has it)."""
+    return _SPECIAL.get(name, {}).get("dest", name)
+
+
+def field_help(name: str) -> str:
+    """The help of field `name`, for a command that has an option of its own for it."""
+    return next(f for f in engine_fields() if f.name == name).metadata["help"]
+
+
+def add_engine_options(
+    group: argparse._ActionsContainer, only: Collection[str] | None = None
+) -> None:
+    """Add an option for every `EngineArgs` field (or the fields in `only`) to `group`."""
+    hints = typing.get_type_hints(EngineArgs)
+    for field in engine_fields():
+        if only is not None and field.name not in only:
+            continue
+        special = dict(_SPECIAL.get(field.name, {}))
+        flags = special.pop("flags", None)
+        dashed = field.name.replace("_", "-")
+        try:
+            text = field.metadata["help"]
+        except KeyError:
+            raise TypeError(f"EngineArgs.{field.name} has no metadata help") from None
+        kwargs: dict[str, Any] = {"dest": dest_of(field.name), "default": field.default}
+        kind = _base_type(hints[field.name])
+        if kind is bool:
+            # A flag turns the default around: --x for False fields, --no-x for True ones.
+            kwargs["action"] = "store_false" if field.default else "store_true"
+            flags = flags or (f"--no-{dashed}" if field.default else f"--{dashed}",)
+            text = f"{field.name}={not field.default} ({text})"
+        else:
+            kwargs["type"] = kind
+        kwargs.update(special, help=text)
+        if kwargs.get("type", bool) is Any:
+            raise TypeError(f"EngineArgs.{field.name}: give its command-line type in _SPECIAL")
+        group.add_argument(*(flags or (f"--{dashed}",)), **kwargs)
+
+
+def engine_args_from(args: argparse.Namespace) -> EngineArgs:
+    """The `EngineArgs` that options added by `add_engine_options` were parsed into."""
+    return EngineArgs(**{f.name: getattr(args, dest_of(f.name)) for f in engine_fields()})
+
+
+def _base_type(hint: Any) -> Any:
+    """`int | None` -> int; a plain type stays itself (Any included)."""
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        members = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+        if len(members) == 1:
+            return members[0]
+        return Any
+    return hint

@@ -1,0 +1,52 @@
+"""`kvserve kv-metadata`: how an engine on a checkpoint hashes and groups its KV cache."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from kvserve.cli.common import HelpFormatter
+from kvserve.cli.engine_options import add_engine_options
+
+# The engine options that decide hashes and groups; the same flags as `generate`'s.
+HASHING_FIELDS = ("block_size", "hash_fn", "hash_seed")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "kv-metadata",
+        help="print how an engine on a checkpoint hashes and groups its KV cache (JSON)",
+        description=(
+            "Print, as JSON, what a consumer of KV cache events needs to hash and match "
+            "the way the engine does: per group its kind, physical block size, hash block "
+            "size and window, and the hash function and seed. Reads config.json only."
+        ),
+        formatter_class=HelpFormatter,
+    )
+    p.add_argument("--model", required=True, help="checkpoint directory")
+    add_engine_options(p, only=HASHING_FIELDS)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from kvserve.kvcache.event_metadata import kv_events_metadata
+    from kvserve.kvcache.manager import KVCacheConfig, KVCacheManager
+    from kvserve.model.config import load_model_config
+    from kvserve.model.layer_groups import group_layers
+    from kvserve.model.runner import layer_kv_specs
+
+    config = load_model_config(args.model)
+    layout = group_layers(layer_kv_specs(config, args.block_size, torch.float32))
+    manager = KVCacheManager(
+        KVCacheConfig(
+            num_blocks=2,
+            block_size=args.block_size,
+            hash_fn=args.hash_fn,
+            hash_seed=args.hash_seed,
+            specs=layout.specs,
+        )
+    )
+    print(json.dumps(kv_events_metadata(manager), indent=2))
+    return 0
