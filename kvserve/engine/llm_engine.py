@@ -17,6 +17,7 @@ from kvserve.engine.engine_args import EngineArgs
 from kvserve.engine.request import Request
 from kvserve.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, sampled_tokens
 from kvserve.engine.stop import StopChecker
+from kvserve.engine.tiers import EngineTiers
 from kvserve.kvcache.config import KVCacheConfig
 from kvserve.kvcache.manager import KVCacheManager
 from kvserve.outputs import CompletionOutput, RequestOutput
@@ -39,16 +40,6 @@ class EngineStats:
     """Time of steps that computed any prefill token (mixed steps included)."""
     decode_step_seconds: float = 0.0
     """Time of steps that only decoded."""
-
-
-@dataclass(slots=True)
-class _TierRecord:
-    """What the tiers' events need of a request whose blocks are saved (plain data)."""
-
-    block_hashes: Any
-    token_ids: list[int]
-    lora_name: str | None
-    cache_salt: str | None
 
 
 class LLMEngine:
@@ -99,10 +90,9 @@ class LLMEngine:
                 specs=runner.kv_cache_specs,
             )
         )
-        self.connector = None
+        self.tiers = EngineTiers(runner, args) if args.offload else None
         """The external KV tiers (kvserve.offload); None when `offload` is not set."""
-        if args.offload:
-            self.connector = self._make_connector(args)
+        self.connector = self.tiers.connector if self.tiers is not None else None
         self.stop_checker = StopChecker(self.tokenizer, runner.eos_token_ids)
         self.scheduler = Scheduler(
             self.manager,
@@ -130,33 +120,6 @@ class LLMEngine:
             self.kv_events = make_engine_events(self.manager, args.kv_events_config)
             if self.kv_events is not None and self.connector is not None:
                 self.kv_events.watch_tiers(self.connector.store)
-
-    def _make_connector(self, args: EngineArgs) -> Any:
-        """Tiers from the `offload` string, keyed by this model's fingerprint."""
-        import atexit
-
-        from kvserve.model.kv_io import KVBlockIO, kv_fingerprint
-        from kvserve.offload.build import build_store
-        from kvserve.offload.connector import OffloadConnector
-
-        if not args.enable_prefix_caching:
-            raise ValueError("offload needs prefix caching (its keys are the block hashes)")
-        runner: Any = self.runner
-        if runner.model_dir is None:
-            raise ValueError("offload needs a model checkpoint (its fingerprint keys the tiers)")
-        fingerprint = kv_fingerprint(
-            runner.model_dir,
-            runner.dtype,
-            runner.kv_cache_specs,
-            args.block_size,
-            args.hash_fn,
-            args.hash_seed,
-        )
-        store = build_store(args.offload, fingerprint)
-        atexit.register(store.close)  # queued disk writes land before the process exits
-        layout = runner.layer_groups
-        self.block_io = KVBlockIO(runner.kv_tensors, layout.layer_group, layout.layer_slot)
-        return OffloadConnector(store, runner.kv_cache_specs, args.block_size)
 
     # -- requests ---------------------------------------------------------------
 
@@ -329,20 +292,12 @@ class LLMEngine:
     def _execute(self, out: SchedulerOutput) -> dict[str, int]:
         """The runner's step over the scheduler's plans, with tier loads and saves around it."""
         chunks = out.seq_chunks()
-        connector = self.connector
-        if connector is not None:
-            connector.load(self.block_io)
+        tiers = self.tiers
+        if tiers is not None:
+            tiers.load()
         tokens = self.runner.execute(chunks)
-        if connector is not None:
-            for chunk in out.chunks:
-                req = chunk.request
-                record = _TierRecord(
-                    self.manager.block_hashes(req.request_id),
-                    req.token_ids,
-                    req.lora_name,
-                    req.cache_salt,
-                )
-                connector.save(self.block_io, chunk.plan, record)
+        if tiers is not None:
+            tiers.save(out, self.manager)
         return sampled_tokens(chunks, tokens)
 
     def _output(self, user: _UserRequest) -> RequestOutput:
@@ -389,19 +344,7 @@ class LLMEngine:
             "prefill_step_seconds": self.stats.prefill_step_seconds,
             "decode_step_seconds": self.stats.decode_step_seconds,
             "external_hit_tokens": s.external_hit_tokens,
-            **self._offload_stats(),
-        }
-
-    def _offload_stats(self) -> dict[str, Any]:
-        if self.connector is None:
-            return {}
-        c = self.connector.stats
-        return {
-            "offload_bytes_loaded": c.bytes_loaded,
-            "offload_bytes_saved": c.bytes_saved,
-            "offload_load_seconds": c.load_seconds,
-            "offload_save_seconds": c.save_seconds,
-            "offload_dropped_writes": self.connector.store.dropped_writes,
+            **(self.tiers.stats() if self.tiers is not None else {}),
         }
 
 

@@ -1,0 +1,78 @@
+"""The engine's side of the external KV tiers: the connector, and the step around it.
+
+Built from the `offload` option when the engine has a model checkpoint (its
+fingerprint keys what the tiers hold). Each step loads the scheduled
+external hits into their blocks before the runner, and offers what the step
+computed to the tiers after it, reading only the step plans and plain
+request data.
+"""
+
+from __future__ import annotations
+
+import atexit
+from dataclasses import dataclass
+from typing import Any
+
+from kvserve.engine.engine_args import EngineArgs
+from kvserve.engine.scheduler import SchedulerOutput
+from kvserve.kvcache.manager import KVCacheManager
+
+
+@dataclass(slots=True)
+class TierRecord:
+    """What the tiers' events need of a request whose blocks are saved (plain data)."""
+
+    block_hashes: Any
+    token_ids: list[int]
+    lora_name: str | None
+    cache_salt: str | None
+
+
+class EngineTiers:
+    """Owns the offload connector and the runner's block reader/writer."""
+
+    def __init__(self, runner: Any, args: EngineArgs) -> None:
+        from kvserve.model.kv_io import KVBlockIO, kv_fingerprint
+        from kvserve.offload.build import build_store
+        from kvserve.offload.connector import OffloadConnector
+
+        if not args.enable_prefix_caching:
+            raise ValueError("offload needs prefix caching (its keys are the block hashes)")
+        if runner.model_dir is None or not args.offload:
+            raise ValueError("offload needs a model checkpoint (its fingerprint keys the tiers)")
+        fingerprint = kv_fingerprint(
+            runner.model_dir,
+            runner.dtype,
+            runner.kv_cache_specs,
+            args.block_size,
+            args.hash_fn,
+            args.hash_seed,
+        )
+        store = build_store(args.offload, fingerprint)
+        atexit.register(store.close)  # queued disk writes land before the process exits
+        layout = runner.layer_groups
+        self.block_io = KVBlockIO(runner.kv_tensors, layout.layer_group, layout.layer_slot)
+        self.connector = OffloadConnector(store, runner.kv_cache_specs, args.block_size)
+
+    def load(self) -> None:
+        """Before the runner: this step's external payloads into their blocks."""
+        self.connector.load(self.block_io)
+
+    def save(self, out: SchedulerOutput, manager: KVCacheManager) -> None:
+        """After the runner: what each scheduled request computed, offered to the tiers."""
+        for chunk in out.chunks:
+            req = chunk.request
+            record = TierRecord(
+                manager.block_hashes(req.request_id), req.token_ids, req.lora_name, req.cache_salt
+            )
+            self.connector.save(self.block_io, chunk.plan, record)
+
+    def stats(self) -> dict[str, Any]:
+        c = self.connector.stats
+        return {
+            "offload_bytes_loaded": c.bytes_loaded,
+            "offload_bytes_saved": c.bytes_saved,
+            "offload_load_seconds": c.load_seconds,
+            "offload_save_seconds": c.save_seconds,
+            "offload_dropped_writes": self.connector.store.dropped_writes,
+        }

@@ -1,0 +1,86 @@
+"""The step plan: what the manager hands the runner is plain data, fixed once handed out."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from kvserve.kvcache import CopyOp, KVCacheConfig, KVCacheManager, StatePlan, StepPlan
+from kvserve.kvcache.specs import inflate_for_state, spec_from_name
+
+PLAIN = (int, str, bytes, bool, type(None))
+
+
+def assert_plain(value, path="plan"):
+    """Only numbers, strings, lists and the plan's own dataclasses: no manager objects."""
+    if isinstance(value, PLAIN):
+        return
+    if isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            assert_plain(item, f"{path}[{i}]")
+        return
+    assert isinstance(value, StepPlan | StatePlan | CopyOp), f"{path}: {type(value).__name__}"
+    for field in dataclasses.fields(value):
+        assert_plain(getattr(value, field.name), f"{path}.{field.name}")
+
+
+def manager(groups, num_blocks=64, bs=4):
+    specs = inflate_for_state([spec_from_name(g, bs) for g in groups])
+    return KVCacheManager(KVCacheConfig(num_blocks=num_blocks, block_size=bs, specs=specs))
+
+
+@pytest.mark.parametrize("groups", [("full",), ("full", "sliding:6"), ("full", "mamba:2")])
+def test_plans_are_plain_data_with_every_group(groups):
+    m = manager(groups)
+    prompt = list(range(1, 16))  # the hit (12 tokens) ends inside an 8-token inflated block
+    m.add_request("a", list(prompt))
+    plan = m.allocate_slots("a", len(prompt), 0)
+    assert plan is not None
+    m.end_step()
+    m.add_request("b", list(prompt))  # a hit: shared blocks, copies, a state to resume from
+    hit = m.get_computed_blocks("b")
+    assert hit.num_tokens
+    plan_b = m.allocate_slots("b", len(prompt) - hit.num_tokens, hit.num_tokens, hit)
+    assert plan_b is not None
+    for p in (plan, plan_b):
+        assert_plain(p)
+        assert len(p.block_ids) == len(groups)
+    assert (plan_b.start, plan_b.end) == (hit.num_tokens, len(prompt))
+    assert plan_b.block_ids == m.block_ids("b")
+    if "mamba:2" in groups:
+        assert plan_b.state_plans is not None and plan_b.state_plans[1] is not None
+        assert plan_b.copies  # the hit ends inside an inflated block: copy-on-write
+    else:
+        assert plan_b.state_plans is None and not plan_b.copies
+
+
+def test_a_plan_handed_out_does_not_change_when_the_manager_merges_later():
+    """Identical decodes fill identical blocks: the manager merges after the step, but
+    the plan the runner got for that step still names the block it wrote."""
+    m = manager(("full",))
+    for rid in ("a", "b"):
+        m.add_request(rid, [1, 2, 3, 4, 5, 6])
+        assert m.allocate_slots(rid, 6, 0, m.get_computed_blocks(rid))
+    m.end_step()
+    tokens = {rid: m.sequence(rid).token_ids for rid in ("a", "b")}
+    plans = {}
+    for step in range(2):  # positions 6 and 7: the second fills block 1
+        for rid in ("a", "b"):
+            tokens[rid].append(9)
+            plans[rid] = m.allocate_slots(rid, 1, 6 + step)
+        m.end_step()
+    assert m.stats.merges == 1
+    assert m.block_ids("a") == m.block_ids("b")  # merged after the step
+    assert plans["a"].block_ids != plans["b"].block_ids  # what each wrote during it
+    assert plans["b"].block_ids[0][1] != m.block_ids("b")[0][1]
+
+
+def test_offloadable_blocks_stop_at_a_broken_chain():
+    m = manager(("full",))
+    m.add_request("a", list(range(10)))
+    plan = m.allocate_slots("a", 10, 0)
+    assert plan.num_cacheable_blocks == 2  # 10 tokens: 2 full hash blocks
+    off = KVCacheManager(KVCacheConfig(num_blocks=8, block_size=4, enable_prefix_caching=False))
+    off.add_request("a", list(range(10)))
+    assert off.allocate_slots("a", 10, 0).num_cacheable_blocks == 0
