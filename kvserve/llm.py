@@ -5,12 +5,13 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from kvserve.engine.engine_args import EngineArgs
 from kvserve.engine.llm_engine import LLMEngine
 from kvserve.outputs import RequestOutput
-from kvserve.sampling_params import SamplingParams
+from kvserve.sampling_params import RequestOutputKind, SamplingParams
 
 Prompt = str | list[int]
 
@@ -58,6 +59,9 @@ class LLM:
             for i, (prompt, params) in enumerate(zip(batch, params_list, strict=True)):
                 request_id = str(next(self._ids))
                 try:
+                    if isinstance(params, SamplingParams):
+                        # generate() returns finished requests only: build no other outputs.
+                        params = replace(params, output_kind=RequestOutputKind.FINAL_ONLY)
                     engine.add_request(request_id, prompt, params)
                 except (ValueError, TypeError) as exc:
                     raise type(exc)(f"prompt {i}: {exc}") from None

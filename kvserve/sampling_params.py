@@ -6,7 +6,20 @@ requests with this class before anything reaches the model.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
+
+
+class RequestOutputKind(enum.Enum):
+    """Which outputs `LLMEngine.step` returns for a request (vLLM's names).
+
+    CUMULATIVE: after every step that advanced it, everything so far.
+    FINAL_ONLY: once, when it finishes (`LLM.generate` and `simulate`: building
+    an output every step costs more than the step itself on a small model).
+    """
+
+    CUMULATIVE = 0
+    FINAL_ONLY = 2
 
 
 @dataclass(slots=True)
@@ -16,7 +29,7 @@ class SamplingParams:
     `temperature=0` is greedy. `top_k` of -1 or 0 and `top_p=1` / `min_p=0`
     disable those filters. A `seed` makes a request's samples reproducible
     whatever else runs in the same batch. Invalid values raise ValueError
-    naming the field, so a bad request fails alone (DESIGN invariant 11).
+    naming the field, so a bad request fails alone (design.md invariant 11).
     """
 
     n: int = 1
@@ -30,6 +43,7 @@ class SamplingParams:
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -72,6 +86,8 @@ class SamplingParams:
                     f"stop_token_ids must be a list of non-negative integers, got {ids!r}"
                 )
             self.stop_token_ids = list(ids)
+        if not isinstance(self.output_kind, RequestOutputKind):
+            raise ValueError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}")
 
     @property
     def greedy(self) -> bool:

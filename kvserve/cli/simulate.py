@@ -117,7 +117,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_kv_events_linger(k)
     o = p.add_argument_group("output")
     o.add_argument(
-        "--check", action="store_true", help="verify every DESIGN invariant after every step"
+        "--check", action="store_true", help="verify every design.md invariant after every step"
     )
     o.add_argument("--json", type=Path, metavar="PATH", help="also write the report as JSON")
     o.add_argument("--no-progress", action="store_true", help="no progress bar")

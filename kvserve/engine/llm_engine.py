@@ -21,7 +21,7 @@ from kvserve.engine.tiers import EngineTiers
 from kvserve.kvcache.config import KVCacheConfig
 from kvserve.kvcache.manager import KVCacheManager
 from kvserve.outputs import CompletionOutput, RequestOutput
-from kvserve.sampling_params import SamplingParams
+from kvserve.sampling_params import RequestOutputKind, SamplingParams
 
 
 @dataclass(slots=True)
@@ -30,6 +30,7 @@ class _UserRequest:
     prompt: str | None
     prompt_token_ids: list[int]
     sequences: list[Request]
+    final_only: bool
 
 
 @dataclass(slots=True)
@@ -172,7 +173,10 @@ class LLMEngine:
             for seq in added:
                 self.scheduler.abort_request(seq)
             raise
-        self._requests[request_id] = _UserRequest(request_id, prompt_text, token_ids, sequences)
+        final_only = params.output_kind is RequestOutputKind.FINAL_ONLY
+        self._requests[request_id] = _UserRequest(
+            request_id, prompt_text, token_ids, sequences, final_only
+        )
         self.stats.prompt_tokens += len(token_ids) * params.n
 
     def _tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
@@ -276,6 +280,8 @@ class LLMEngine:
             user = self._requests.get(parent_id)
             if user is None:
                 continue
+            if user.final_only and not all(seq.status.finished for seq in user.sequences):
+                continue
             output = self._output(user)
             outputs.append(output)
             if output.finished:
@@ -291,7 +297,7 @@ class LLMEngine:
 
     def _execute(self, out: SchedulerOutput) -> dict[str, int]:
         """The runner's step over the scheduler's plans, with tier loads and saves around it."""
-        chunks = out.seq_chunks()
+        chunks = out.seq_chunks(self.manager)
         tiers = self.tiers
         if tiers is not None:
             tiers.load()

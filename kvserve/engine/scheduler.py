@@ -18,7 +18,6 @@ from kvserve.batch import SeqChunk
 from kvserve.engine.request import Request, RequestStatus
 from kvserve.engine.stop import StopChecker
 from kvserve.kvcache.manager import KVCacheManager
-from kvserve.kvcache.plan import StepPlan
 
 
 @dataclass(slots=True)
@@ -40,12 +39,11 @@ class SchedulerConfig:
 
 @dataclass(slots=True)
 class ScheduledChunk:
-    """`num_tokens` tokens of `request`, starting at position `start`, and its KV plan."""
+    """`num_tokens` tokens of `request`, starting at position `start`."""
 
     request: Request
     start: int
     num_tokens: int
-    plan: StepPlan
 
     @property
     def samples(self) -> bool:
@@ -63,13 +61,14 @@ class SchedulerOutput:
     def num_batched_tokens(self) -> int:
         return sum(c.num_tokens for c in self.chunks)
 
-    def seq_chunks(self) -> list[SeqChunk]:
-        """The step as a runner reads it: each request's tokens, plan and sampling."""
+    def seq_chunks(self, manager: KVCacheManager) -> list[SeqChunk]:
+        """The step as a runner reads it: each request's tokens, its plan, sampling."""
+        step_plan = manager.step_plan
         return [
             SeqChunk(
                 request_id=c.request.request_id,
                 token_ids=c.request.token_ids,
-                plan=c.plan,
+                plan=step_plan(c.request.request_id),
                 sample=c.samples,
                 params=c.request.params,
                 num_generated=c.request.num_output_tokens,
@@ -192,8 +191,9 @@ class Scheduler:
                     hit = None
                 else:
                     computed += hit.num_tokens
-            num_new = self._chunk(req, computed, budget)
-            while (plan := manager.allocate_slots(req.request_id, num_new, computed, hit)) is None:
+            remaining = len(req.token_ids) - computed
+            num_new = remaining if remaining <= budget else self._chunk(req, computed, budget)
+            while not manager.allocate_slots(req.request_id, num_new, computed, hit):
                 victim = running.pop()
                 self._preempt(victim, out)
                 if victim is req:
@@ -204,7 +204,7 @@ class Scheduler:
                     if not req.num_preemptions:
                         req.num_cached_tokens += hit.num_tokens
                     req.num_computed_tokens = computed
-                out.chunks.append(ScheduledChunk(req, computed, num_new, plan))
+                out.chunks.append(ScheduledChunk(req, computed, num_new))
                 budget -= num_new
                 i += 1
         waiting = self.waiting
@@ -215,7 +215,7 @@ class Scheduler:
             rid = req.request_id
             hit = manager.get_computed_blocks(rid, 0)
             if hit.wait:
-                # It would resume from state this step writes (DESIGN invariant 8):
+                # It would resume from state this step writes (design.md invariant 8):
                 # one step later it hits; the requests behind it go on meanwhile.
                 deferred.append(waiting.popleft())
                 continue
@@ -228,11 +228,10 @@ class Scheduler:
                 )
             computed = local + external
             num_new = self._chunk(req, computed, budget)
-            plan = manager.allocate_slots(rid, num_new, local, hit, num_external_tokens=external)
-            if plan is None:
+            if not manager.allocate_slots(rid, num_new, local, hit, num_external_tokens=external):
                 break
             if external:
-                self.connector.on_allocated(rid, plan, local, external)
+                self.connector.on_allocated(rid, manager.step_plan(rid), local, external)
                 self.stats.external_hit_tokens += external
             waiting.popleft()
             manager.record_query(len(req.token_ids))
@@ -243,7 +242,7 @@ class Scheduler:
             self._prefill_end[rid] = len(req.token_ids)
             self.stats.prefix_hit_tokens += local
             running.append(req)
-            out.chunks.append(ScheduledChunk(req, computed, num_new, plan))
+            out.chunks.append(ScheduledChunk(req, computed, num_new))
             budget -= num_new
         waiting.extendleft(reversed(deferred))
         self.stats.manager_seconds += clock() - t0

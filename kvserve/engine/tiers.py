@@ -62,10 +62,11 @@ class EngineTiers:
         """After the runner: what each scheduled request computed, offered to the tiers."""
         for chunk in out.chunks:
             req = chunk.request
+            rid = req.request_id
             record = TierRecord(
-                manager.block_hashes(req.request_id), req.token_ids, req.lora_name, req.cache_salt
+                manager.block_hashes(rid), req.token_ids, req.lora_name, req.cache_salt
             )
-            self.connector.save(self.block_io, chunk.plan, record)
+            self.connector.save(self.block_io, manager.step_plan(rid), record)
 
     def stats(self) -> dict[str, Any]:
         c = self.connector.stats

@@ -18,6 +18,7 @@ from kvserve.kvcache.block_pool import BlockPool
 from kvserve.kvcache.config import KVCacheConfig
 from kvserve.kvcache.groups import GROUP_TYPES, FullAttentionGroup, SlidingWindowGroup
 from kvserve.kvcache.hashing import BlockHasher
+from kvserve.kvcache.plan import StepPlan
 from kvserve.kvcache.sequence import CacheSequence
 from kvserve.kvcache.specs import KVCacheSpec
 
@@ -52,6 +53,9 @@ class KVCacheStats:
     merges: int = 0
 
 
+_new_plan = tuple.__new__
+
+
 class Coordinator:
     """What both coordinators share: hashing, late merges, the end of a step, free."""
 
@@ -79,6 +83,32 @@ class Coordinator:
                 f"request {seq.request_id}: token ids must be integers in [0, 2**32): {exc}"
             ) from None
 
+    def plan(self, seq: CacheSequence) -> StepPlan:
+        """`seq`'s plan for the step being scheduled (plain data, immutable).
+
+        A query: the tables, copies and state plans of its allocation in this
+        step, which stay as they are until `end_step`.
+        """
+        start = seq.step_start
+        num_new_tokens = seq.step_tokens
+        end = start + num_new_tokens
+        # tuple.__new__: the fields in order, without NamedTuple's Python-level __new__.
+        return _new_plan(
+            StepPlan,
+            (
+                seq.request_id,
+                seq.plan_ids or seq.rebuild_block_ids(),
+                start,
+                num_new_tokens,
+                seq.skip_write_tokens,
+                tuple(seq.copies),
+                tuple(seq.state_plans) if seq.state_plans else None,
+                min(end // self.block_size, len(seq.block_hashes))
+                if self.enable_caching and not seq.cache_chain_broken
+                else 0,
+            ),
+        )
+
     def _note_peak(self) -> None:
         used = self.pool.num_used
         if used > self.stats.peak_blocks_used:
@@ -96,6 +126,7 @@ class Coordinator:
                 table = seq.kv_blocks[group_id]
                 own = table[i]
                 table[i] = copy
+                seq.table_changed(group_id)
                 release((own,))
                 self.stats.merges += 1
             seq.merges.clear()
@@ -113,6 +144,7 @@ class Coordinator:
             else:
                 release(reversed(table))
             table.clear()
+            seq.table_changed(group.group_id)
         seq.num_skipped_blocks = [0] * len(self.groups)
         if seq.merges:
             release([copy for _, _, copy in seq.merges])
@@ -234,10 +266,13 @@ class AttentionCoordinator(Coordinator):
             for group in groups:
                 group.remove_skipped(seq, num_computed_tokens - hit_tokens)
         if hit is None or not hit_tokens:
-            # Fast path (decodes, chunks): no hit blocks to take.
+            # Fast path (decodes, chunks): no hit blocks to take. Every group's table has
+            # one entry per block of the request (a window's released ones are the null
+            # block), so one comparison tells whether any group needs a block.
             need = 0
-            for group in groups:
-                need += max(0, group.num_new_blocks(seq, total, 0))
+            if total > len(seq.kv_blocks[0]) * self.block_size:
+                for group in groups:
+                    need += max(0, group.num_new_blocks(seq, total, 0))
             if need:
                 if need > pool.num_free:
                     return False
@@ -245,6 +280,7 @@ class AttentionCoordinator(Coordinator):
                     n = group.num_new_blocks(seq, total, 0)
                     if n > 0:
                         seq.kv_blocks[group.group_id].extend(pool.take(n))
+                seq.plan_ids = ()
                 self._note_peak()
         elif not self._take_hit(seq, hit, total, num_computed_tokens):
             return False
@@ -296,6 +332,7 @@ class AttentionCoordinator(Coordinator):
                 group.remove_skipped(seq, num_computed_tokens)
         # Phase 1: take every group's local hits before anything is allocated,
         # so no group's new or external blocks can evict another group's hit.
+        seq.plan_ids = ()
         for group in self.groups:
             blocks = hit_blocks[group.group_id]
             pool.touch([b for b in blocks if b is not null])

@@ -262,6 +262,7 @@ class SlidingWindowGroup(FullAttentionGroup):
                 released.append(table[j])
                 table[j] = null
         seq.num_skipped_blocks[self.group_id] = end
+        seq.table_changed(self.group_id)
         self.pool.release(reversed(released))
 
     def cache_full_blocks(

@@ -98,7 +98,7 @@ class InflatedAttentionGroup:
     def usable(self, entries: list[CacheEntry], candidate: int) -> tuple[int, bool]:
         """Longest hit <= candidate this group can take now, and whether waiting helps.
 
-        Shared blocks may still be pending (filled in this step: DESIGN
+        Shared blocks may still be pending (filled in this step: design.md
         invariant 8); copied hash blocks must be computed.
         """
         k = self.k

@@ -12,7 +12,7 @@ from kvserve.kvcache.sequence import CacheSequence
 
 
 class InvariantError(AssertionError):
-    """A DESIGN.md invariant does not hold."""
+    """A design.md invariant does not hold."""
 
 
 def _holders(manager: KVCacheManager) -> list[CacheSequence]:

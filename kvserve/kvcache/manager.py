@@ -74,11 +74,12 @@ class KVCacheManager:
         seq = CacheSequence(request_id, token_ids, lora_name=lora_name, cache_salt=cache_salt)
         seq.extra_keys = extra_key_bytes(lora_name, cache_salt)
         seq.kv_blocks = [[] for _ in self.groups]
+        seq.table_ids = [() for _ in self.groups]
         seq.num_skipped_blocks = [0] * len(self.groups)
         if self.enable_caching:
             self.coordinator.hash(seq)
         # Hashing covers full blocks only: check the rest too, so a bad id fails
-        # here and not inside a later allocate_slots (DESIGN invariant 11).
+        # here and not inside a later allocate_slots (design.md invariant 11).
         rest = token_ids[len(seq.block_hashes) * self.block_size :]
         try:
             struct.pack(f"<{len(rest)}I", *rest)
@@ -101,7 +102,7 @@ class KVCacheManager:
         prefill chunk that starts on a block boundary (another request may
         have cached the next blocks meanwhile). The hit never covers the last
         token: it is computed for its logits; if every block is cached, its
-        write is skipped instead (DESIGN invariant 5).
+        write is skipped instead (design.md invariant 5).
         """
         return self._lookup(self._seqs[request_id], num_computed_tokens)
 
@@ -113,39 +114,33 @@ class KVCacheManager:
         hit: PrefixHit | None = None,
         num_lookahead_tokens: int = 0,
         num_external_tokens: int = 0,
-    ) -> StepPlan | None:
-        """Slots for `num_new_tokens` tokens after the computed ones; the step's plan.
+    ) -> bool:
+        """Slots for `num_new_tokens` tokens after the computed ones; `step_plan` describes them.
 
         `num_computed_tokens` already includes `hit.num_tokens`;
         `num_external_tokens` follow them (loaded from an external tier, so
-        they need new blocks too). All or nothing: returns None and changes
+        they need new blocks too). All or nothing: returns False and changes
         nothing when the pool is short (sliding-window blocks that no token
         reads any more are released first either way). Full blocks whose
         tokens are all scheduled are registered now, as pending, so a request
-        admitted later in this same step shares them (DESIGN invariant 7).
+        admitted later in this same step shares them (design.md invariant 7).
         """
         seq = self._seqs[request_id]
         if not self._allocate(
             seq, num_new_tokens, num_computed_tokens, hit, num_lookahead_tokens, num_external_tokens
         ):
-            return None
-        start = num_computed_tokens + num_external_tokens
-        end = start + num_new_tokens
-        copies = seq.copies
-        if copies:
-            seq.copies = []
-        return StepPlan(
-            request_id,
-            [[b.block_id for b in table] for table in seq.kv_blocks],
-            start,
-            num_new_tokens,
-            seq.skip_write_tokens,
-            copies,
-            list(seq.state_plans) if seq.state_plans else None,
-            min(end // self.block_size, len(seq.block_hashes))
-            if self.enable_caching and not seq.cache_chain_broken
-            else 0,
-        )
+            return False
+        seq.step_start = num_computed_tokens + num_external_tokens
+        seq.step_tokens = num_new_tokens
+        return True
+
+    def step_plan(self, request_id: str) -> StepPlan:
+        """The request's plan for the step being scheduled: what the runner must do.
+
+        Plain, immutable data (block ids per group, positions, skipped writes,
+        copies, state plans), valid from its `allocate_slots` until `end_step`.
+        """
+        return self.coordinator.plan(self._seqs[request_id])
 
     def record_query(self, num_tokens: int) -> None:
         """Count prompt tokens offered to the prefix cache (once per admission)."""
@@ -166,7 +161,8 @@ class KVCacheManager:
 
     def block_ids(self, request_id: str) -> list[list[int]]:
         """Block table per group as it stands now (0: the null block, never read)."""
-        return [[b.block_id for b in table] for table in self._seqs[request_id].kv_blocks]
+        seq = self._seqs[request_id]
+        return [list(ids) for ids in seq.plan_ids or seq.rebuild_block_ids()]
 
     def block_hashes(self, request_id: str) -> Sequence[bytes]:
         """The request's block hashes so far (read only; they grow with its tokens)."""

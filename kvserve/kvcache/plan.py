@@ -10,6 +10,7 @@ copies or snapshots are implemented.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 
 @dataclass(slots=True, frozen=True)
@@ -42,28 +43,30 @@ class StatePlan:
     snapshots: list[tuple[int, int]] = field(default_factory=list)
 
 
-@dataclass(slots=True)
-class StepPlan:
-    """One scheduled request's KV work in one step.
+class StepPlan(NamedTuple):
+    """One scheduled request's KV work in one step (immutable).
 
     The runner computes positions [start, start + num_tokens): it writes
     their K/V into the slots `block_ids` gives them (except below
     `skip_write_until`, whose K/V already sits in shared blocks), after doing
-    `copies`, and runs each state group as its `state_plans` entry says.
+    `copies`, and runs each state group as its `state_plans` entry says. A
+    named tuple: built once per request per step on the scheduler's hot path,
+    and nobody can change it afterwards.
     """
 
     request_id: str
-    block_ids: list[list[int]]
+    block_ids: tuple[tuple[int, ...], ...]
     """Per KV cache group, the block table covering [0, start + num_tokens); 0 is the
-    null block (a sliding window's released blocks), never read."""
+    null block (a sliding window's released blocks), never read. The manager hands the
+    same tuples out again while a table does not change."""
     start: int
     num_tokens: int
     skip_write_until: int = 0
     """Positions below this hold their K/V in shared blocks already: read, never written
     (a fully cached prompt recomputes its last token only for its logits)."""
-    copies: list[CopyOp] = field(default_factory=list)
+    copies: tuple[CopyOp, ...] = ()
     """Copy-on-write of a partial hit: done before the forward."""
-    state_plans: list[StatePlan | None] | None = None
+    state_plans: tuple[StatePlan | None, ...] | None = None
     """Per group: a state group's plan, None for attention; None without state groups."""
     num_cacheable_blocks: int = 0
     """Leading hash blocks whose K/V may be offered to external tiers after this step

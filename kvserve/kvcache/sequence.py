@@ -44,11 +44,37 @@ class CacheSequence:
     state_plans: list[StatePlan | None] = field(default_factory=list)
     """Per group (None for attention): this step's state plan for the runner."""
     copies: list[CopyOp] = field(default_factory=list)
-    """This step's copy-on-write operations, handed to the runner in the step plan."""
+    """This step's copy-on-write operations (the step plan hands them to the runner)."""
+    step_start: int = 0
+    """First position computed by the step being scheduled (its plan's `start`)."""
+    step_tokens: int = 0
+    """Positions it computes (its plan's `num_tokens`)."""
+    table_ids: list[tuple[int, ...]] = field(default_factory=list)
+    """Per group, the block ids of `kv_blocks` as last handed out in a plan: tables
+    mostly grow at the end, so a plan extends this instead of rebuilding it."""
+    plan_ids: tuple[tuple[int, ...], ...] = ()
+    """`table_ids` as one tuple, handed out in every plan until a table changes; ()
+    after a change (whoever changes `kv_blocks` resets it)."""
 
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    def table_changed(self, group: int) -> None:
+        """An entry of group `group`'s table was replaced (not just appended)."""
+        self.table_ids[group] = ()
+        self.plan_ids = ()
+
+    def rebuild_block_ids(self) -> tuple[tuple[int, ...], ...]:
+        """The tables' ids after a change (every change resets `plan_ids`): tables
+        mostly grow at the end, so each group's ids are extended, not rebuilt."""
+        cached = self.table_ids
+        for group, table in enumerate(self.kv_blocks):
+            ids = cached[group]
+            if len(ids) != len(table):
+                cached[group] = ids + tuple(b.block_id for b in table[len(ids) :])
+        self.plan_ids = tuple(cached)
+        return self.plan_ids
 
     @property
     def holds_blocks(self) -> bool:

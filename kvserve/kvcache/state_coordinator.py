@@ -159,6 +159,7 @@ class StateCoordinator(Coordinator):
             for group in self.states:
                 group.touch_hit(hit.sources[group.group_id][0])
         # Phase 2: copy-on-write targets and new blocks for every group.
+        seq.plan_ids = ()
         for group, n in zip(self.groups, needs, strict=True):
             table = seq.kv_blocks[group.group_id]
             if hit is not None and isinstance(group, InflatedAttentionGroup):
@@ -244,6 +245,7 @@ class StateCoordinator(Coordinator):
         for seq in self._transient_seqs:
             release(reversed(seq.transient))
             seq.transient.clear()
+            seq.copies.clear()  # a copy always has a step-only source: this seq is here
         self._transient_seqs.clear()
         super().end_step()
 

@@ -78,7 +78,7 @@ class MambaStateGroup:
         """Largest c <= candidate with a computed snapshot, and whether waiting helps.
 
         A snapshot written in this very step cannot be read before the step
-        runs (DESIGN invariant 8): the request waits one step instead.
+        runs (design.md invariant 8): the request waits one step instead.
         """
         wait = False
         for c in range(min(candidate, len(anchors)), 0, -1):

@@ -5,7 +5,7 @@ num_kv_heads, head_dim]; a request's tokens live in the blocks its block table
 lists (block 0 is the null block and is never written). A step first writes
 the new K/V of *every* token of the batch, and only then lets any sequence
 read: two requests in one step may share a block that one of them fills in
-that very step (DESIGN invariant 8).
+that very step (design.md invariant 8).
 
 Reads gather the context through the flat slot indices of the step's
 AttentionMetadata (kvserve.model.attention_metadata). A fresh prefill attends

@@ -115,7 +115,7 @@ class AttentionMetadata:
                 raise ValueError(f"position {p} would be written into the null block 0")
             skipped |= first > start
             if num == 1:
-                decodes.append((query_start, end, table[:needed]))
+                decodes.append((query_start, end, list(table[:needed])))
                 if first < end:
                     decode_slots.append(
                         table[start // block_size] * block_size + start % block_size

@@ -4,7 +4,7 @@ Scheduler side: `lookup` finds how many tokens after the local prefix hit
 the tiers can supply (for every group: attention hash blocks from the left,
 and for state groups a snapshot exactly where the hit ends); the scheduler
 then allocates them as external tokens after every group's local hits
-(DESIGN invariant 4) and calls `on_allocated`. Worker side: `load` writes
+(design.md invariant 4) and calls `on_allocated`. Worker side: `load` writes
 the payloads into the new blocks before the step; `save` stores what the
 step computed, after it. Keys are (group, block hash): block hashes are
 deterministic across processes, so a restarted engine or another process

@@ -14,7 +14,7 @@ from kvserve.engine.model_free_runner import ModelFreeRunner
 from kvserve.engine.scheduler import Scheduler
 from kvserve.kvcache.invariants import check_invariants
 from kvserve.kvcache.specs import inflate_for_state, spec_from_name
-from kvserve.sampling_params import SamplingParams
+from kvserve.sampling_params import RequestOutputKind, SamplingParams
 from kvserve.simulate.workloads import SimRequest, Workload
 
 DEFAULT_MAX_BLOCKS = 1_000_000
@@ -33,7 +33,7 @@ class SimConfig:
     hash_seed: int = 0
     verify_hits: bool = True
     check: bool = False
-    """Verify every DESIGN invariant after every step (slow)."""
+    """Verify every design.md invariant after every step (slow)."""
     groups: tuple[str, ...] = ("full",)
     """KV cache groups: 'full' or 'sliding:<window>' each (see MODEL_SPECS)."""
     kv_events_config: Any = None
@@ -126,7 +126,11 @@ def _run(
         while arrivals and arrivals[0][0] <= step:
             sim_req = heapq.heappop(arrivals)[2]
             requests += 1
-            params = SamplingParams(max_tokens=sim_req.max_tokens, temperature=0.0)
+            params = SamplingParams(
+                max_tokens=sim_req.max_tokens,
+                temperature=0.0,
+                output_kind=RequestOutputKind.FINAL_ONLY,
+            )
             try:
                 engine.add_request(sim_req.request_id, list(sim_req.prompt_token_ids), params)
             except ValueError as exc:

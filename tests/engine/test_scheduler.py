@@ -11,9 +11,9 @@ from kvserve.sampling_params import SamplingParams
 BS = 4
 
 
-def execute(runner, out):
+def execute(runner, out, manager):
     """One runner step over the scheduler's plans: request id -> sampled token."""
-    chunks = out.seq_chunks()
+    chunks = out.seq_chunks(manager)
     return sampled_tokens(chunks, runner.execute(chunks))
 
 
@@ -29,7 +29,7 @@ def make(num_blocks=64, budget=32, max_seqs=8, max_model_len=None, caching=True)
 
 def step(sched, runner):
     out = sched.schedule()
-    finished = sched.update(out, execute(runner, out))
+    finished = sched.update(out, execute(runner, out, sched.manager))
     held = sched.running
     check_invariants(sched.manager, {r.request_id: r.num_computed_tokens for r in held})
     return out, finished
@@ -147,7 +147,8 @@ def test_fully_cached_prompt_computes_one_token():
     sched.add_request(again)
     out, _ = step(sched, runner)
     assert [(c.start, c.num_tokens) for c in out.chunks] == [(7, 1)]
-    assert out.chunks[0].plan.skip_write_until == 8 and again.num_cached_tokens == 7
+    record = sched.manager.sequence("again")
+    assert record.skip_write_tokens == 8 and again.num_cached_tokens == 7
     run_all(sched, runner)
     assert again.output_token_ids[0] == first.output_token_ids[0]
 

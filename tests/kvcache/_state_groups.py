@@ -41,11 +41,11 @@ class PlanManager(KVCacheManager):
         super().__init__(config)
         self.copies: list[CopyOp] = []
 
-    def allocate_slots(self, *args, **kwargs):
-        plan = super().allocate_slots(*args, **kwargs)
-        if plan is not None:
-            self.copies.extend(plan.copies)
-        return plan
+    def allocate_slots(self, request_id, *args, **kwargs):
+        ok = super().allocate_slots(request_id, *args, **kwargs)
+        if ok:
+            self.copies.extend(self.step_plan(request_id).copies)
+        return ok
 
     def take_copies(self) -> list[CopyOp]:
         """This step's copy-on-write operations so far (each handed out once)."""

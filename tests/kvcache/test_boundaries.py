@@ -1,4 +1,4 @@
-"""Exhaustive block boundaries (DESIGN invariants 5 and 6).
+"""Exhaustive block boundaries (design.md invariants 5 and 6).
 
 For every prompt length 1 .. 3*bs+1 and decode length 0 .. 2*bs+1, cold and
 again with a prefix hit: after every step a request holds exactly

@@ -32,9 +32,9 @@ from kvserve.sampling_params import SamplingParams
 BS = 4
 
 
-def execute(runner, out):
+def execute(runner, out, manager):
     """One runner step over the scheduler's plans: request id -> sampled token."""
-    chunks = out.seq_chunks()
+    chunks = out.seq_chunks(manager)
     return sampled_tokens(chunks, runner.execute(chunks))
 
 
@@ -296,7 +296,7 @@ def drive(groups, num_blocks, seed, check_view, snapshot_every=0, check_snapshot
             view.apply(KVEventBatch(0.0, snapshot))
         check_view(view, sched)
         out = sched.schedule()
-        finished = sched.update(out, execute(runner, out))
+        finished = sched.update(out, execute(runner, out, m))
         for req in finished:
             runner.free_request(req.request_id)
         step += 1

@@ -1,4 +1,4 @@
-"""Eviction (DESIGN invariant 9): lazy, least recently used first, a request's tail first."""
+"""Eviction (design.md invariant 9): lazy, least recently used first, a request's tail first."""
 
 from __future__ import annotations
 

@@ -68,6 +68,7 @@ class InterleavedCoordinator(AttentionCoordinator):
             seq.kv_blocks[group.group_id].extend(blocks)
             seq.kv_blocks[group.group_id].extend(self.pool.take(need))
         seq.num_cached_blocks = len(seq.kv_blocks[0])
+        seq.plan_ids = ()  # the tables changed
         return True
 
 

@@ -35,19 +35,20 @@ def test_plans_are_plain_data_with_every_group(groups):
     m = manager(groups)
     prompt = list(range(1, 16))  # the hit (12 tokens) ends inside an 8-token inflated block
     m.add_request("a", list(prompt))
-    plan = m.allocate_slots("a", len(prompt), 0)
-    assert plan is not None
+    assert m.allocate_slots("a", len(prompt), 0)
+    plan = m.step_plan("a")
     m.end_step()
     m.add_request("b", list(prompt))  # a hit: shared blocks, copies, a state to resume from
     hit = m.get_computed_blocks("b")
     assert hit.num_tokens
-    plan_b = m.allocate_slots("b", len(prompt) - hit.num_tokens, hit.num_tokens, hit)
-    assert plan_b is not None
+    assert m.allocate_slots("b", len(prompt) - hit.num_tokens, hit.num_tokens, hit)
+    plan_b = m.step_plan("b")
+    assert m.step_plan("b") == plan_b  # a query: asking again changes nothing
     for p in (plan, plan_b):
         assert_plain(p)
         assert len(p.block_ids) == len(groups)
     assert (plan_b.start, plan_b.end) == (hit.num_tokens, len(prompt))
-    assert plan_b.block_ids == m.block_ids("b")
+    assert [list(t) for t in plan_b.block_ids] == m.block_ids("b")
     if "mamba:2" in groups:
         assert plan_b.state_plans is not None and plan_b.state_plans[1] is not None
         assert plan_b.copies  # the hit ends inside an inflated block: copy-on-write
@@ -68,7 +69,8 @@ def test_a_plan_handed_out_does_not_change_when_the_manager_merges_later():
     for step in range(2):  # positions 6 and 7: the second fills block 1
         for rid in ("a", "b"):
             tokens[rid].append(9)
-            plans[rid] = m.allocate_slots(rid, 1, 6 + step)
+            assert m.allocate_slots(rid, 1, 6 + step)
+            plans[rid] = m.step_plan(rid)
         m.end_step()
     assert m.stats.merges == 1
     assert m.block_ids("a") == m.block_ids("b")  # merged after the step
@@ -79,8 +81,9 @@ def test_a_plan_handed_out_does_not_change_when_the_manager_merges_later():
 def test_offloadable_blocks_stop_at_a_broken_chain():
     m = manager(("full",))
     m.add_request("a", list(range(10)))
-    plan = m.allocate_slots("a", 10, 0)
-    assert plan.num_cacheable_blocks == 2  # 10 tokens: 2 full hash blocks
+    assert m.allocate_slots("a", 10, 0)
+    assert m.step_plan("a").num_cacheable_blocks == 2  # 10 tokens: 2 full hash blocks
     off = KVCacheManager(KVCacheConfig(num_blocks=8, block_size=4, enable_prefix_caching=False))
     off.add_request("a", list(range(10)))
-    assert off.allocate_slots("a", 10, 0).num_cacheable_blocks == 0
+    assert off.allocate_slots("a", 10, 0)
+    assert off.step_plan("a").num_cacheable_blocks == 0

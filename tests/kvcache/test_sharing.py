@@ -1,6 +1,6 @@
 """Sharing: identical content is stored once, and only identical content is shared.
 
-DESIGN invariants 3 and 7: same-step identical prompts share pending blocks
+design.md invariants 3 and 7: same-step identical prompts share pending blocks
 (nano-vllm #219/#243), identical decode blocks merge after the step, freed
 index entries are never handed out twice, a hash collision is a miss, and
 tenants (cache salt, LoRA) never share.

@@ -1,4 +1,4 @@
-"""Random schedules against the manager; DESIGN's invariants after every step.
+"""Random schedules against the manager; design.md's invariants after every step.
 
 A rule-based state machine plays a scheduler: admit requests (a small alphabet
 and shared prefixes, so hits and identical prompts are common, some with LoRA

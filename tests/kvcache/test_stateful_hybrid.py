@@ -238,10 +238,7 @@ class HybridMachine(RuleBasedStateMachine):
         old_pool = pool_state(m)
         old_fields = (seq.num_cached_blocks, len(seq.merges), seq.skip_write_tokens)
         old_free = set(m.pool.free_block_ids())
-        ok = (
-            m.allocate_slots(seq.request_id, num_new, start, hit, num_external_tokens=external)
-            is not None
-        )
+        ok = m.allocate_slots(seq.request_id, num_new, start, hit, num_external_tokens=external)
         new_tables = table_ids(m, everyone)
         # Only window blocks below what the next token from `computed` (failure) or
         # `start` (success) reads may have been released; nothing else may change.

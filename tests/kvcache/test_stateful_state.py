@@ -234,13 +234,12 @@ class StateMachine(RuleBasedStateMachine):
         num_new = n - first if size is None else min(size, n - first)
         end = first + num_new
         old = [list(t) for t in seq.kv_blocks]
-        plan = m.allocate_slots(seq.request_id, num_new, start, hit, num_external_tokens=external)
-        ok = plan is not None
+        ok = m.allocate_slots(seq.request_id, num_new, start, hit, num_external_tokens=external)
         event(f"alloc ok={ok} hit={hit.num_tokens > 0} ext={external > 0} mid={computed > 0}")
         if not ok:
             assert pool_state(m, everyone) == before, "failed allocation changed state"
             return False
-        copies = plan.copies
+        copies = m.step_plan(seq.request_id).copies
         tokens = tuple(seq.token_ids)
         table = seq.kv_blocks[0]
         assert len(table) == -(-end // bs), "attention slots != scheduled tokens"

@@ -91,8 +91,8 @@ class Driver:
             remaining = len(r.token_ids) - r.num_computed
             num_new = remaining if self.chunk_size is None else min(remaining, self.chunk_size)
             assert num_new >= 1
-            plan = m.allocate_slots(r.request_id, num_new, r.num_computed, hit)
-            assert plan is not None, "test pool too small"
+            assert m.allocate_slots(r.request_id, num_new, r.num_computed, hit), "pool too small"
+            plan = m.step_plan(r.request_id)
             r.skipped_writes = max(r.skipped_writes, plan.skip_write_until)
             scheduled.append((r, num_new))
             sample = r.num_computed + num_new == len(r.token_ids)

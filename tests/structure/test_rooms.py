@@ -71,9 +71,7 @@ def test_the_import_reader_sees_type_checking_and_function_imports(tmp_path):
 
 
 def line_counts(folder: Path) -> dict[str, int]:
-    return {
-        str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in folder.rglob("*.py")
-    }
+    return {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in folder.rglob("*.py")}
 
 
 def test_source_files_stay_small():
