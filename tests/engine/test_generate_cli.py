@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from kvserve.cli.generate import DEMO_PROMPTS
+from kvserve.cli.generate import DEMO_QUESTIONS, DEMO_SYSTEM
 
 
 def run(args, tmp_path):
@@ -23,8 +23,8 @@ def run(args, tmp_path):
     )
 
 
-def test_demo_model_by_default(tmp_path):
-    proc = run(["--max-tokens", "5"], tmp_path)
+def test_demo_model_by_name(tmp_path):
+    proc = run(["--model", "demo:random", "--max-tokens", "5"], tmp_path)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "RANDOM" in out and "demo" in out
@@ -37,7 +37,13 @@ def test_demo_model_by_default(tmp_path):
     demo = tmp_path / "cache" / "kvserve" / "demo-qwen3-v1"
     tokenizer = transformers.AutoTokenizer.from_pretrained(demo, local_files_only=True)
     model = transformers.AutoModelForCausalLM.from_pretrained(demo, local_files_only=True)
-    ids = tokenizer(DEMO_PROMPTS[0], return_tensors="pt").input_ids
+    # The demo tokenizer has a chat template: the default questions are asked as a chat.
+    conversation = [
+        {"role": "system", "content": DEMO_SYSTEM.strip()},
+        {"role": "user", "content": DEMO_QUESTIONS[0]},
+    ]
+    text = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+    ids = torch.tensor([tokenizer.encode(text, add_special_tokens=False)])
     with torch.no_grad():
         ref = model.generate(ids, do_sample=False, max_new_tokens=5, pad_token_id=0)
     expected = tokenizer.decode(ref[0, ids.shape[1] :], skip_special_tokens=True)

@@ -1,0 +1,66 @@
+"""Conversations to prompts through the checkpoint's own chat template.
+
+The template is the model's (transformers' `apply_chat_template` renders
+it); kvserve never guesses one. The rendered text already holds the special
+tokens the template wants (BOS, role markers), so it is tokenized without
+adding any: a second BOS would change the model's answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+Message = dict[str, Any]
+Conversation = Sequence[Message]
+
+
+def as_conversations(messages: Conversation | Sequence[Conversation]) -> list[list[Message]]:
+    """One conversation (a list of messages) or several (a list of such lists)."""
+    if not isinstance(messages, list | tuple) or not messages:
+        raise ValueError("messages must be a non-empty list of {'role', 'content'} messages")
+    if all(isinstance(m, dict) for m in messages):
+        conversations = [list(messages)]
+    elif all(isinstance(c, list | tuple) for c in messages):
+        conversations = [list(c) for c in messages]
+    else:
+        raise ValueError("messages must be a list of messages or a list of conversations")
+    for i, conversation in enumerate(conversations):
+        _check(conversation, i)
+    return conversations
+
+
+def _check(conversation: list[Any], index: int) -> None:
+    if not conversation:
+        raise ValueError(f"conversation {index} is empty")
+    for j, message in enumerate(conversation):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise ValueError(f"conversation {index}, message {j}: needs a string 'role'")
+        if not isinstance(message.get("content"), str):
+            raise ValueError(f"conversation {index}, message {j}: needs a string 'content'")
+
+
+def render(
+    tokenizer: Any,
+    conversation: list[Message],
+    chat_template: str | None = None,
+    add_generation_prompt: bool = True,
+) -> tuple[str, list[int]]:
+    """(prompt text, its token ids) of one conversation."""
+    if tokenizer is None:
+        raise ValueError("this checkpoint has no tokenizer, so it has no chat template")
+    if chat_template is None and not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            "this checkpoint has no chat template: pass chat_template=... (a Jinja template), "
+            "or use generate() with plain prompts"
+        )
+    text = tokenizer.apply_chat_template(
+        conversation,
+        chat_template=chat_template,
+        add_generation_prompt=add_generation_prompt,
+        tokenize=False,
+    )
+    ids = list(tokenizer.encode(text, add_special_tokens=False))
+    if not ids:
+        raise ValueError("the chat template rendered an empty prompt")
+    return text, ids
