@@ -112,12 +112,17 @@ def test_bad_values_are_usage_errors(argv, capsys):
 
 def test_generate_hands_the_engine_args_to_llm(monkeypatch, capsys):
     import kvserve.llm
+    from kvserve.default_model import ResolvedModel
 
     seen = {}
 
     class FakeLLM:
         def __init__(self, model, **kwargs):
             seen.update(kwargs, model=model)
+            self.model = ResolvedModel(model, model)
+
+        def get_tokenizer(self):
+            return None
 
         def generate(self, prompts, params, use_tqdm):
             seen["sampling_seed"] = params.seed
