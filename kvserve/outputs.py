@@ -11,7 +11,11 @@ class CompletionOutput:
 
     index: int
     text: str
+    """The output text so far, or only what is new with RequestOutputKind.DELTA.
+    Without the text of a stop token, and cut before a matched stop string,
+    unless include_stop_str_in_output."""
     token_ids: list[int]
+    """The generated token ids (a stop token included), or the new ones (DELTA)."""
     finish_reason: str | None = None
     """"stop" (EOS, stop token or stop string), "length", "abort", or None while running."""
     stop_reason: int | str | None = None

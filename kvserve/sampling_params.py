@@ -14,11 +14,15 @@ class RequestOutputKind(enum.Enum):
     """Which outputs `LLMEngine.step` returns for a request (vLLM's names).
 
     CUMULATIVE: after every step that advanced it, everything so far.
+    DELTA: after every step that advanced it, only what is new since its last
+    output (what a streaming server sends; the pieces concatenate to the final
+    text and token ids exactly).
     FINAL_ONLY: once, when it finishes (`LLM.generate` and `simulate`: building
     an output every step costs more than the step itself on a small model).
     """
 
     CUMULATIVE = 0
+    DELTA = 1
     FINAL_ONLY = 2
 
 
@@ -30,6 +34,11 @@ class SamplingParams:
     disable those filters. A `seed` makes a request's samples reproducible
     whatever else runs in the same batch. Invalid values raise ValueError
     naming the field, so a bad request fails alone (design.md invariant 11).
+
+    The output text follows vLLM: the text of a stop token (EOS or a
+    `stop_token_ids` hit; the token stays in `token_ids`) and a matched stop
+    string are left out unless `include_stop_str_in_output`;
+    `skip_special_tokens` drops special tokens' text.
     """
 
     n: int = 1
@@ -44,6 +53,8 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -88,6 +99,8 @@ class SamplingParams:
             self.stop_token_ids = list(ids)
         if not isinstance(self.output_kind, RequestOutputKind):
             raise ValueError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}")
+        _check_bool("skip_special_tokens", self.skip_special_tokens)
+        _check_bool("include_stop_str_in_output", self.include_stop_str_in_output)
 
     @property
     def greedy(self) -> bool:
@@ -100,6 +113,11 @@ def _check_int(name: str, value: object, minimum: int | None = None) -> None:
         raise ValueError(f"{name} must be an integer, got {value!r}")
     if minimum is not None and value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+def _check_bool(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
 
 
 def _check_number(name: str, value: object) -> None:

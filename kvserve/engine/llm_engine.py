@@ -23,6 +23,8 @@ from kvserve.kvcache.manager import KVCacheManager
 from kvserve.outputs import CompletionOutput, RequestOutput
 from kvserve.sampling_params import RequestOutputKind, SamplingParams
 
+FINAL_ONLY = RequestOutputKind.FINAL_ONLY
+
 
 @dataclass(slots=True)
 class _UserRequest:
@@ -30,7 +32,9 @@ class _UserRequest:
     prompt: str | None
     prompt_token_ids: list[int]
     sequences: list[Request]
-    final_only: bool
+    kind: RequestOutputKind
+    sent_tokens: list[int]
+    """Per sequence: output tokens already handed out (DELTA)."""
 
 
 @dataclass(slots=True)
@@ -173,9 +177,8 @@ class LLMEngine:
             for seq in added:
                 self.scheduler.abort_request(seq)
             raise
-        final_only = params.output_kind is RequestOutputKind.FINAL_ONLY
         self._requests[request_id] = _UserRequest(
-            request_id, prompt_text, token_ids, sequences, final_only
+            request_id, prompt_text, token_ids, sequences, params.output_kind, [0] * params.n
         )
         self.stats.prompt_tokens += len(token_ids) * params.n
 
@@ -280,7 +283,7 @@ class LLMEngine:
             user = self._requests.get(parent_id)
             if user is None:
                 continue
-            if user.final_only and not all(seq.status.finished for seq in user.sequences):
+            if user.kind is FINAL_ONLY and not all(seq.status.finished for seq in user.sequences):
                 continue
             output = self._output(user)
             outputs.append(output)
@@ -307,17 +310,27 @@ class LLMEngine:
         return sampled_tokens(chunks, tokens)
 
     def _output(self, user: _UserRequest) -> RequestOutput:
+        """The request's output after a step: everything so far, what is new
+        (DELTA), or the final one. Text that may still be cut by a stop string
+        is held back until the sequence finishes (OutputText.holdback)."""
         completions = []
+        delta = user.kind is RequestOutputKind.DELTA
         for seq in user.sequences:
             done = seq.status.finished
-            text = seq.stop_text
-            if text is None:
-                text = self.stop_checker.decode(seq.output_token_ids) if done else ""
+            state = seq.output_text
+            if state is not None:
+                text = state.delta(done) if delta else state.text(done)
+            else:  # no tokenizer, or FINAL_ONLY without stop strings: decode once
+                text = self.stop_checker.final_text(seq) if done and not delta else ""
+            start = seq.num_prompt_tokens
+            if delta:
+                start += user.sent_tokens[seq.index]
+                user.sent_tokens[seq.index] = seq.num_output_tokens
             completions.append(
                 CompletionOutput(
                     index=seq.index,
                     text=text,
-                    token_ids=list(seq.output_token_ids),
+                    token_ids=seq.token_ids[start:],
                     finish_reason=seq.status.value if done else None,
                     stop_reason=seq.stop_reason,
                 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from kvserve.engine.detokenizer import OutputText
 from kvserve.sampling_params import SamplingParams
 
 
@@ -46,8 +47,9 @@ class Request:
     """Prompt tokens not computed at first admission (prefix hit); -1 before."""
     num_preemptions: int = 0
     stop_reason: int | str | None = None
-    stop_text: str | None = None
-    """The output text cut before a matched stop string (None: no stop string matched)."""
+    output_text: OutputText | None = None
+    """The text grown token by token (StopChecker.prepare); None when nothing reads
+    it before the request finishes."""
 
     def __post_init__(self) -> None:
         if not self.num_prompt_tokens:

@@ -125,6 +125,7 @@ class Scheduler:
         reason = self._never_fits(request)
         if reason:
             raise ValueError(f"request {request.request_id}: {reason}")
+        self.stop_checker.prepare(request)
         t0 = time.perf_counter()
         self.manager.add_request(
             request.request_id, request.token_ids, request.lora_name, request.cache_salt
@@ -286,8 +287,9 @@ class Scheduler:
         """Apply a finished step: advance computed tokens, append samples, finish.
 
         `sampled` maps request id -> new token for every chunk that samples.
-        Stop checks happen here and only here. Returns the requests that
-        finished in this step.
+        Stop checks happen here and only here (with the new token's text, which
+        stop strings are matched on). Returns the requests that finished in
+        this step.
         """
         clock = time.perf_counter
         t0 = clock()
@@ -308,11 +310,10 @@ class Scheduler:
                 continue
             token = sampled[req.request_id]
             req.token_ids.append(token)
-            status, reason, text = check(req, token)
+            status, reason = check(req, token)
             if status is not None:
                 req.status = status
                 req.stop_reason = reason
-                req.stop_text = text
                 finished.append(req)
         if finished:
             t0 = clock()

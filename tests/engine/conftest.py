@@ -1,0 +1,23 @@
+"""Engine fixtures: the demo checkpoint, whose byte-level BPE tokenizer splits
+multi-byte UTF-8 characters over tokens (its random weights sample such tokens)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def demo_model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    from kvserve.model.demo import ensure_demo_model
+
+    return ensure_demo_model(tmp_path_factory.mktemp("demo"))
+
+
+@pytest.fixture(scope="session")
+def demo_tokenizer(demo_model: str) -> Any:
+    """The transformers tokenizer of the demo checkpoint, as the engine loads it."""
+    from kvserve.model.tokenizer import load_tokenizer
+
+    return load_tokenizer(demo_model)
