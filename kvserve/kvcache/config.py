@@ -22,6 +22,6 @@ class KVCacheConfig:
     """Compare a hit's token ids before using it (a collision becomes a miss)."""
     specs: list[KVCacheSpec] | None = None
     """One spec per group; default: one full-attention group. With state groups,
-    attention block sizes are multiples of `block_size` (kvcache.grouping)."""
+    attention block sizes are multiples of `block_size` (kvcache.specs.inflate_for_state)."""
     state_snapshot_share: float = 0.25
     """Most of the pool that cached state snapshots may take (state groups only)."""

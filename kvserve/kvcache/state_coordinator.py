@@ -1,6 +1,6 @@
 """Lookup and allocation for models with state (Mamba) groups.
 
-Attention blocks are inflated (kvcache.grouping.inflate_for_state), so hits
+Attention blocks are inflated (kvcache.specs.inflate_for_state), so hits
 are found per hash block and may end inside a physical block (copy-on-write);
 state groups accept a hit only where a computed snapshot exists. The hit
 length is the fixed point over all groups: each may only shorten it. A hit

@@ -148,7 +148,7 @@ class ModelRunner:
         """One spec per KV cache group, in the order of the block tables."""
         self.block_size = self.kv_cache_specs[0].block_size
         """Tokens per physical block: the hash block size, inflated in Mamba hybrids
-        (kvcache.grouping.inflate_for_state) so a block also holds a state page."""
+        (kvcache.specs.inflate_for_state) so a block also holds a state page."""
         self.state_groups = [
             g for g, spec in enumerate(self.kv_cache_specs) if isinstance(spec, MambaStateSpec)
         ]
