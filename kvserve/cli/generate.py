@@ -26,7 +26,7 @@ DEMO_PROMPTS = [
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "generate",
-        help="generate completions with a local Hugging Face checkpoint",
+        help="generate completions with a local Hugging Face or GGUF checkpoint",
         description=(
             "Generate completions for one or more prompts and print them, then a summary "
             "(requests, prefill and decode tokens/s, prefix hit rate, KV blocks). Without "
@@ -35,7 +35,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         ),
         formatter_class=HelpFormatter,
     )
-    p.add_argument("--model", help="checkpoint directory (default: the built-in demo model)")
+    p.add_argument(
+        "--model",
+        help="Hugging Face checkpoint directory, .gguf file, or a directory holding one "
+        "(default: the built-in demo model)",
+    )
     p.add_argument(
         "--prompt",
         action="append",
@@ -67,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
 
         model = ensure_demo_model()
         print(f"Using the built-in demo model at {model}: its weights are RANDOM, so its")
-        print("completions are gibberish. Pass --model DIR to use a real checkpoint.\n")
+        print("completions are gibberish. Pass --model PATH to use a real checkpoint.\n")
     params = SamplingParams(
         n=args.n,
         temperature=args.temperature,
