@@ -54,6 +54,7 @@ class Runner(Protocol):
     vocab_size: int
     max_model_len: int | None
     model_dir: Path | None
+    """The checkpoint path (a Hugging Face directory or a GGUF file); None without a model."""
 
     @property
     def tokenizer(self) -> Any | None: ...

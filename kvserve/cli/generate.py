@@ -28,7 +28,7 @@ way they share a prefix (and two are identical): the prefix cache shows."""
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "generate",
-        help="generate completions with a local Hugging Face checkpoint",
+        help="generate completions with a local Hugging Face or GGUF checkpoint",
         description=(
             "Generate completions for one or more prompts and print them, then a summary "
             "(requests, prefill and decode tokens/s, prefix hit rate, KV blocks). Without "

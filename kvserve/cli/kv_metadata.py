@@ -19,11 +19,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description=(
             "Print, as JSON, what a consumer of KV cache events needs to hash and match "
             "the way the engine does: per group its kind, physical block size, hash block "
-            "size and window, and the hash function and seed. Reads config.json only."
+            "size and window, and the hash function and seed. Reads config.json (or a GGUF "
+            "file's metadata) only."
         ),
         formatter_class=HelpFormatter,
     )
-    p.add_argument("--model", required=True, help="checkpoint directory")
+    p.add_argument(
+        "--model",
+        required=True,
+        help="Hugging Face checkpoint directory, .gguf file, or a directory holding one",
+    )
     add_engine_options(p, only=HASHING_FIELDS)
     p.set_defaults(func=run)
 

@@ -185,7 +185,7 @@ class LLMEngine:
     def _tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
             if self.tokenizer is None:
-                raise ValueError("this model directory has no tokenizer: pass token ids")
+                raise ValueError("this checkpoint has no tokenizer: pass token ids")
             token_ids = list(self.tokenizer.encode(prompt))
             if not token_ids:
                 raise ValueError("the prompt is empty after tokenization")

@@ -1,4 +1,4 @@
-"""The model's shape, read straight from a checkpoint's config.json.
+"""The model's shape, read straight from a checkpoint's config.json (or a GGUF's metadata).
 
 We parse the JSON ourselves instead of through transformers' config classes:
 the fields we need are few, and transformers renamed some of them between
@@ -15,7 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvserve.model.checkpoint import resolve_checkpoint
 from kvserve.model.errors import ModelLoadError
+from kvserve.model.gguf_config import gguf_config_dicts
+from kvserve.model.gguf_file import open_gguf
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 SLIDING_WINDOW_ARCHITECTURES = ("Gemma3ForCausalLM",)
@@ -101,7 +104,8 @@ class ModelConfig:
     partial_rotary_factor: float = 1.0
     """Share of each attention head that is rotated (Bamba: 0.5); see `rotary_dim`."""
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
-    """The whole config.json, for architecture-specific fields."""
+    """The whole config.json (a GGUF file's metadata in its shape), for architecture-specific
+    fields."""
 
     @property
     def rotary_dim(self) -> int:
@@ -185,17 +189,23 @@ def read_json(path: Path) -> dict[str, Any]:
 
 
 def load_model_config(model_dir: str | Path) -> ModelConfig:
-    """config.json plus the eos ids of generation_config.json, when present."""
+    """A checkpoint's config: config.json plus generation_config.json's eos ids, or a GGUF
+    file's metadata (kvserve.model.checkpoint says which)."""
     return ModelConfig.from_dict(*read_config_files(model_dir))
 
 
 def read_config_files(model_dir: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(config.json, generation_config.json or {}) of a checkpoint directory."""
-    path = Path(model_dir)
-    if not path.is_dir():
-        raise ModelLoadError(f"model directory {str(path)!r} does not exist")
-    raw = read_json(path / "config.json")
-    gen_path = path / "generation_config.json"
+    """(config.json, generation_config.json or {}) of a checkpoint, or their GGUF equivalents."""
+    checkpoint = resolve_checkpoint(model_dir)
+    if checkpoint.gguf is not None:
+        return gguf_config_dicts(open_gguf(checkpoint.gguf))
+    return read_hf_config_files(checkpoint.directory)
+
+
+def read_hf_config_files(model_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(config.json, generation_config.json or {}) of a Hugging Face checkpoint directory."""
+    raw = read_json(model_dir / "config.json")
+    gen_path = model_dir / "generation_config.json"
     generation = read_json(gen_path) if gen_path.exists() else {}
     return raw, generation
 

@@ -1,4 +1,4 @@
-"""The one error a checkpoint directory raises when kvserve cannot run it."""
+"""The one error a checkpoint (a directory or a GGUF file) raises when kvserve cannot run it."""
 
 
 class ModelLoadError(ValueError):

@@ -16,6 +16,7 @@ import torch
 import xxhash
 
 from kvserve.kvcache.specs import KVCacheSpec
+from kvserve.model.checkpoint import resolve_checkpoint
 
 FORMAT_VERSION = 1
 
@@ -70,16 +71,24 @@ class KVBlockIO:
 
 
 def weights_digest(model_dir: str | Path) -> str:
-    """xxh3-128 over config.json and every weight file: the model's identity.
+    """xxh3-128 over the checkpoint's files: the model's identity.
 
+    A Hugging Face directory: config.json and every weight file, each with
+    its name. A GGUF checkpoint: the .gguf file, which holds config and
+    weights alike, under a fixed label (renaming the file changes nothing).
     Two checkpoints of one architecture differ only in their weights, and
     their K/V must never be mixed up; hashing reads at memory speed.
     """
-    model_dir = Path(model_dir)
+    checkpoint = resolve_checkpoint(model_dir)
+    if checkpoint.gguf is not None:
+        files = [("model.gguf", checkpoint.gguf)]
+    else:
+        directory = checkpoint.directory
+        paths = [directory / "config.json", *sorted(directory.glob("*.safetensors"))]
+        files = [(path.name, path) for path in paths]
     h = xxhash.xxh3_128()
-    files = [model_dir / "config.json", *sorted(model_dir.glob("*.safetensors"))]
-    for path in files:
-        h.update(path.name.encode())
+    for label, path in files:
+        h.update(label.encode())
         with open(path, "rb") as f:
             while chunk := f.read(1 << 24):
                 h.update(chunk)

@@ -1,9 +1,11 @@
-"""Load a local Hugging Face checkpoint directory into a decoder.
+"""Load a checkpoint into a decoder: a Hugging Face directory or a GGUF file.
 
-Only safetensors weights are read (a pickle file runs code when loaded). The
-model is built on the meta device, every checkpoint name and shape is checked
-against it before any tensor is read, and the tensors are then assigned
-directly in the target dtype and device: no random init, no second copy.
+Only safetensors weights are read from a directory (a pickle file runs code
+when loaded); a GGUF file is read with gguf-py (kvserve.model.gguf_weights).
+Either way the model is built on the meta device, every checkpoint name and
+shape is checked against it before any tensor is read, and the tensors are
+then assigned directly in the target dtype and device: no random init, no
+second copy.
 """
 
 from __future__ import annotations
@@ -13,14 +15,19 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from kvserve.model.checkpoint import resolve_checkpoint
 from kvserve.model.config import (
     ModelConfig,
     architecture_of,
-    read_config_files,
+    read_hf_config_files,
     read_json,
 )
 from kvserve.model.errors import ModelLoadError
+from kvserve.model.gguf_config import gguf_config_dicts
+from kvserve.model.gguf_file import open_gguf
+from kvserve.model.gguf_weights import gguf_state_dict
 from kvserve.model.models import DecoderForCausalLM, model_class
+from kvserve.model.weight_check import check_weights
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -31,25 +38,48 @@ IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 def load_model(
     model_dir: str | Path, dtype: torch.dtype, device: torch.device
 ) -> tuple[DecoderForCausalLM, ModelConfig]:
-    """Build the checkpoint's model with its weights; raise ModelLoadError when we cannot."""
-    raw, generation = read_config_files(model_dir)
+    """Build the checkpoint's model with its weights; raise ModelLoadError when we cannot.
+
+    `model_dir`: a Hugging Face checkpoint directory, a .gguf file, or a
+    directory holding one (kvserve.model.checkpoint).
+    """
+    checkpoint = resolve_checkpoint(model_dir)
+    reader = None
+    if checkpoint.gguf is not None:
+        reader = open_gguf(checkpoint.gguf)  # parsed once, for the config and the weights
+        raw, generation = gguf_config_dicts(reader)
+    else:
+        raw, generation = read_hf_config_files(checkpoint.directory)
     cls = model_class(architecture_of(raw))
     config = ModelConfig.from_dict(raw, generation)
-    files = weight_files(model_dir)
     with torch.device("meta"):
         model = cls(config)
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
-    located = _locate(files, expected, config.tie_word_embeddings)
-    state: dict[str, torch.Tensor] = {}
-    for path, names in _by_file(located).items():
-        with safe_open(str(path), framework="pt") as f:
-            for name in names:
-                state[name] = f.get_tensor(name).to(device=device, dtype=dtype)
+    if reader is not None:
+        state = gguf_state_dict(reader, expected, config, dtype, device)
+    else:
+        state = _safetensors_state_dict(checkpoint.directory, expected, config, dtype, device)
     model.load_state_dict(state, strict=True, assign=True)
     model.requires_grad_(False)
     model.eval()
     model.init_rotary(device)
     return model, config
+
+
+def _safetensors_state_dict(
+    model_dir: Path,
+    expected: dict[str, tuple[int, ...]],
+    config: ModelConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> dict[str, torch.Tensor]:
+    located = _locate(weight_files(model_dir), expected, config.tie_word_embeddings)
+    state: dict[str, torch.Tensor] = {}
+    for path, names in _by_file(located).items():
+        with safe_open(str(path), framework="pt") as f:
+            for name in names:
+                state[name] = f.get_tensor(name).to(device=device, dtype=dtype)
+    return state
 
 
 def weight_files(model_dir: str | Path) -> list[Path]:
@@ -77,8 +107,8 @@ def weight_files(model_dir: str | Path) -> list[Path]:
 def _locate(files: list[Path], expected: dict[str, tuple[int, ...]], tied: bool) -> dict[str, Path]:
     """Map every expected name to its file, checking names and shapes first."""
     located: dict[str, Path] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
     unexpected: list[str] = []
-    wrong_shapes: list[str] = []
     for path in files:
         try:
             handle = safe_open(str(path), framework="pt")
@@ -91,20 +121,9 @@ def _locate(files: list[Path], expected: dict[str, tuple[int, ...]], tied: bool)
                 if name not in expected:
                     unexpected.append(name)
                     continue
-                shape = tuple(f.get_slice(name).get_shape())
-                if shape != expected[name]:
-                    wrong_shapes.append(f"{name}: checkpoint {shape}, model {expected[name]}")
+                shapes[name] = tuple(f.get_slice(name).get_shape())
                 located[name] = path
-    missing = sorted(set(expected) - set(located))
-    problems = []
-    if missing:
-        problems.append(f"missing tensors: {_short(missing)}")
-    if unexpected:
-        problems.append(f"unexpected tensors: {_short(sorted(unexpected))}")
-    if wrong_shapes:
-        problems.append(f"wrong shapes: {_short(wrong_shapes)}")
-    if problems:
-        raise ModelLoadError(f"weights do not match the model config: {'; '.join(problems)}")
+    check_weights(expected, shapes, unexpected)
     return located
 
 
@@ -113,8 +132,3 @@ def _by_file(located: dict[str, Path]) -> dict[Path, list[str]]:
     for name, path in located.items():
         grouped.setdefault(path, []).append(name)
     return grouped
-
-
-def _short(items: list[str], limit: int = 8) -> str:
-    more = f" ... and {len(items) - limit} more" if len(items) > limit else ""
-    return ", ".join(items[:limit]) + more

