@@ -68,9 +68,26 @@ def test_config_and_tokenizer_come_from_the_metadata(llm, prompts):
     assert tokenizer.decode(prompts[0]).endswith("<|im_start|>assistant\n")
 
 
-def test_greedy_tokens_match_transformers_and_know_paris(llm, prompts):
+@pytest.fixture(scope="module")
+def oracle():
+    return transformers_gguf_model(PATH)
+
+
+def test_greedy_tokens_match_transformers_and_know_paris(llm, prompts, oracle):
     outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=NEW))
-    oracle = transformers_gguf_model(PATH)
     for question, ids, out in zip(QUESTIONS, prompts, outputs, strict=True):
         assert list(out.outputs[0].token_ids) == greedy(oracle, ids, NEW), question
+    assert "Paris" in outputs[0].outputs[0].text
+
+
+def test_chat_with_a_shared_system_prompt_hits_the_cache_and_keeps_the_tokens(llm, oracle):
+    """LLM.chat, the conversations sharing a system prompt: the later ones start from
+    the cached system prompt, and caching changes no token."""
+    system = {"role": "system", "content": "You are a helpful assistant. Answer in one sentence."}
+    conversations = [[system, {"role": "user", "content": q}] for q in QUESTIONS[:2]]
+    llm.reset_prefix_cache()
+    outputs = llm.chat(conversations, SamplingParams(temperature=0, max_tokens=12))
+    assert outputs[0].num_cached_tokens == 0 and outputs[1].num_cached_tokens >= 16
+    for out in outputs:
+        assert list(out.outputs[0].token_ids) == greedy(oracle, out.prompt_token_ids, 12)
     assert "Paris" in outputs[0].outputs[0].text
