@@ -1,0 +1,135 @@
+"""The FastAPI application: routes, the API key check, and the small endpoints.
+
+Generation lives in completions.py; this file wires it up with /v1/models,
+/health, /version, /tokenize and /detokenize. With an API key every route but
+/health wants `Authorization: Bearer KEY` (compared in constant time), so a
+load balancer can probe a protected server.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+from fastapi import FastAPI, Request, Response
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from kvserve.serve import completions, protocol
+from kvserve.serve.errors import APIError, error_response, install_error_handlers
+from kvserve.serve.state import ServerState
+
+OPEN_PATHS = frozenset({"/health"})
+
+
+def create_app(state: ServerState) -> FastAPI:
+    app = FastAPI(title="kvserve", docs_url=None, redoc_url=None, openapi_url=None)
+    install_error_handlers(app)
+
+    if state.api_key is not None:
+        app.add_middleware(_KeyCheck, api_key=state.api_key)
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200)
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        from kvserve.cli import version as installed
+
+        return {"version": installed()}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        card = {
+            "id": state.served_name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "kvserve",
+            "root": state.description,
+            "max_model_len": state.max_model_len,
+        }
+        return {"object": "list", "data": [card]}
+
+    @app.post("/v1/completions")
+    async def create_completion(request: Request) -> Any:
+        return await completions.completions(request, state)
+
+    @app.post("/v1/chat/completions")
+    async def create_chat_completion(request: Request) -> Any:
+        return await completions.chat_completions(request, state)
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> dict[str, Any]:
+        return await _tokenize(request, state)
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> dict[str, Any]:
+        body = protocol.parse_json(await request.body())
+        state.check_model(body.get("model"))
+        tokens = body.get("tokens")
+        if not isinstance(tokens, list) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in tokens
+        ):
+            raise APIError("tokens must be a list of token ids", param="tokens")
+        tokenizer = _tokenizer(state)
+        text = await state.engine.call(lambda: tokenizer.decode(tokens))
+        return {"prompt": text}
+
+    return app
+
+
+class _KeyCheck:
+    """Plain ASGI, not `@app.middleware`: Starlette's BaseHTTPMiddleware wraps `receive`,
+    which hides a client's disconnect from the handler (and so its abort)."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self.key = api_key.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
+            header = Headers(scope=scope).get("authorization", "")
+            scheme, _, given = header.partition(" ")
+            given_key = given.strip().encode()
+            if scheme.lower() != "bearer" or not hmac.compare_digest(given_key, self.key):
+                message = "a valid API key is required (Authorization: Bearer KEY)"
+                await error_response(APIError(message, 401))(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _tokenizer(state: ServerState) -> Any:
+    tokenizer = state.engine.engine.tokenizer
+    if tokenizer is None:
+        raise APIError("this checkpoint has no tokenizer")
+    return tokenizer
+
+
+async def _tokenize(request: Request, state: ServerState) -> dict[str, Any]:
+    """A prompt's token ids, or a conversation's through the chat template (as chat runs it)."""
+    from kvserve.chat_template import render
+
+    body = protocol.parse_json(await request.body())
+    protocol.check_fields(body, frozenset({"model", "prompt", "messages", "add_special_tokens"}))
+    state.check_model(body.get("model"))
+    tokenizer = _tokenizer(state)
+    if "messages" in body:
+        messages = protocol.chat_messages(body)
+
+        def work() -> list[int]:
+            return render(tokenizer, messages)[1]
+    else:
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str):
+            raise APIError("prompt must be a string", param="prompt")
+        special = body.get("add_special_tokens", True)
+
+        def work() -> list[int]:
+            return list(tokenizer.encode(prompt, add_special_tokens=bool(special)))
+
+    try:
+        tokens = await state.engine.call(work)
+    except ValueError as exc:
+        raise APIError(str(exc), param="messages") from None
+    return {"tokens": tokens, "count": len(tokens), "max_model_len": state.max_model_len}

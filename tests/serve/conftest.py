@@ -1,0 +1,84 @@
+"""A real `kvserve serve` process on a free loopback port, started and stopped by the tests."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+
+from kvserve.model.demo import ensure_demo_model
+
+ENGINE = {"block_size": 4, "num_threads": 1, "num_kv_blocks": 512}
+START_SECONDS = 120
+
+
+@dataclass
+class Server:
+    url: str
+    model: str
+    """The checkpoint path, which is also the served name unless the test set one."""
+    proc: subprocess.Popen
+
+
+@pytest.fixture(scope="session")
+def demo(tmp_path_factory) -> str:
+    return ensure_demo_model(tmp_path_factory.mktemp("serve-demo"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(model: str, *extra: str, env: dict[str, str] | None = None) -> Server:
+    port = free_port()
+    engine = [f"--{k.replace('_', '-')}={v}" for k, v in ENGINE.items()]
+    cmd = [sys.executable, "-m", "kvserve.cli", "serve", "--model", model, "--port", str(port)]
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    full_env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # this tree first
+    proc = subprocess.Popen(
+        [*cmd, *engine, *extra],
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + START_SECONDS
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"kvserve serve exited: {proc.stdout.read() if proc.stdout else ''}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return Server(url, model, proc)
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    stop_server(Server(url, model, proc))
+    raise RuntimeError("kvserve serve did not become healthy in time")
+
+
+def stop_server(server: Server) -> str:
+    """Stop the process (terminate, then kill) and return what it printed."""
+    server.proc.terminate()
+    try:
+        out, _ = server.proc.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        server.proc.kill()
+        out, _ = server.proc.communicate(timeout=20)
+    return out or ""
+
+
+@pytest.fixture(scope="module")
+def server(demo) -> Iterator[Server]:
+    srv = start_server(demo)
+    yield srv
+    stop_server(srv)
