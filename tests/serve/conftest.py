@@ -77,8 +77,33 @@ def stop_server(server: Server) -> str:
     return out or ""
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def server(demo) -> Iterator[Server]:
+    """One server shared by the tests that need no special flags (each start costs seconds)."""
     srv = start_server(demo)
     yield srv
     stop_server(srv)
+
+
+def scrape(server: Server, prefix: str = "kvserve") -> dict[str, float]:
+    """/metrics as {'name{labels}': value}, for the series with `prefix`."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{server.url}/metrics", timeout=10).text
+    values = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.startswith(f"{prefix}:"):
+                labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+                values[f"{sample.name}{{{labels}}}"] = sample.value
+    return values
+
+
+def metric(values: dict[str, float], name: str, **labels: str) -> float:
+    """One series' value; `model_name` need not be given."""
+    for key, value in values.items():
+        series, _, rest = key.partition("{")
+        pairs = dict(p.split("=", 1) for p in rest.rstrip("}").split(",") if p)
+        if series == name and all(pairs.get(k) == v for k, v in labels.items()):
+            return value
+    raise KeyError(f"{name} {labels} not in /metrics: {sorted(values)[:50]}")
