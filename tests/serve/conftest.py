@@ -38,10 +38,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(model: str, *extra: str, env: dict[str, str] | None = None) -> Server:
+def start_server(model: str | None, *extra: str, env: dict[str, str] | None = None) -> Server:
+    """`model` None serves the default model (no --model)."""
     port = free_port()
     engine = [f"--{k.replace('_', '-')}={v}" for k, v in ENGINE.items()]
-    cmd = [sys.executable, "-m", "kvserve.cli", "serve", "--model", model, "--port", str(port)]
+    cmd = [sys.executable, "-m", "kvserve.cli", "serve", "--port", str(port)]
+    if model is not None:
+        cmd += ["--model", model]
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     full_env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # this tree first
     proc = subprocess.Popen(
@@ -58,11 +61,11 @@ def start_server(model: str, *extra: str, env: dict[str, str] | None = None) -> 
             raise RuntimeError(f"kvserve serve exited: {proc.stdout.read() if proc.stdout else ''}")
         try:
             if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return Server(url, model, proc)
+                return Server(url, model or "", proc)
         except httpx.HTTPError:
             pass
         time.sleep(0.2)
-    stop_server(Server(url, model, proc))
+    stop_server(Server(url, model or "", proc))
     raise RuntimeError("kvserve serve did not become healthy in time")
 
 
