@@ -193,11 +193,11 @@ def test_min_tokens_holds_back_eos_and_stop_tokens(checkpoints, runners):
     saved = runner.eos_token_ids
     try:
         runner.eos_token_ids = {first}
-        assert runner.execute([chunk()]) != [first]
-        assert runner.execute([chunk(num_generated=2)]) == [first]
+        assert runner.execute([chunk()]).tokens != [first]
+        assert runner.execute([chunk(num_generated=2)]).tokens == [first]
         params.ignore_eos = True
-        assert runner.execute([chunk()]) == [first]
+        assert runner.execute([chunk()]).tokens == [first]
         params.stop_token_ids = [first]
-        assert runner.execute([chunk(num_generated=1)]) != [first]
+        assert runner.execute([chunk(num_generated=1)]).tokens != [first]
     finally:
         runner.eos_token_ids = saved
