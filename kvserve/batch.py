@@ -3,7 +3,9 @@
 The engine loop (kvserve.engine.llm_engine) drives any `Runner`: the torch
 model runner (kvserve.model.runner) or the model-free one that `kvserve
 simulate` uses (kvserve.engine.model_free_runner). Both read a step as a list
-of `SeqChunk`s, each wrapping the KV cache's `StepPlan` for one request.
+of `SeqChunk`s, each wrapping the KV cache's `StepPlan` for one request, and
+answer with a `StepOutput`: the sampled tokens, and log-probabilities for the
+chunks whose request asked for them.
 """
 
 from __future__ import annotations
@@ -34,13 +36,43 @@ class SeqChunk:
     generator: Any = None
     """A torch.Generator overriding the one the runner keeps for a seeded request."""
     num_generated: int = 0
-    """Tokens this request has generated so far: below `params.min_tokens` no stop token
+    """Tokens this request has generated so far (the last ones of `token_ids`, which the
+    presence and frequency penalties count): below `params.min_tokens` no stop token
     (eos unless ignore_eos, stop_token_ids) can be sampled."""
 
     @property
     def new_token_ids(self) -> Sequence[int]:
         """The tokens this step computes."""
         return self.token_ids[self.plan.start : self.plan.end]
+
+
+@dataclass(slots=True)
+class TokenLogprobs:
+    """What a runner reports for one sampled token of a request that asked for logprobs.
+
+    From the raw distribution (log_softmax of the logits before any penalty,
+    bias, temperature or filter). The engine turns it into the output's
+    `dict[int, Logprob]` (kvserve.engine.logprobs).
+    """
+
+    logprob: float
+    """The sampled token's."""
+    rank: int
+    """The sampled token's 1-based rank."""
+    top_ids: list[int]
+    """The `params.logprobs` most likely tokens, most likely first (rank i + 1)."""
+    top_logprobs: list[float]
+
+
+@dataclass(slots=True)
+class StepOutput:
+    """A runner's answer for one step, aligned with the chunks it was given."""
+
+    tokens: list[int | None]
+    """The sampled token of each chunk (None where sample=False)."""
+    logprobs: list[TokenLogprobs | None] | None = None
+    """Per chunk, for the sampled chunks whose params ask for logprobs; None when no
+    chunk of the step asked (the common case costs nothing)."""
 
 
 class Runner(Protocol):
@@ -59,8 +91,9 @@ class Runner(Protocol):
     @property
     def tokenizer(self) -> Any | None: ...
 
-    def execute(self, chunks: list[SeqChunk]) -> list[int | None]:
-        """Run one step; the sampled token of each chunk (None where sample=False)."""
+    def execute(self, chunks: list[SeqChunk]) -> StepOutput:
+        """Run one step: the sampled token of each chunk, and logprobs for every sampled
+        chunk whose params ask (the engine keeps one entry per generated token)."""
         ...
 
     def free_request(self, request_id: str) -> None:

@@ -6,6 +6,23 @@ from dataclasses import dataclass, field
 
 
 @dataclass(slots=True)
+class Logprob:
+    """One token's log-probability at one generated position.
+
+    From the model's raw distribution: log_softmax of the float32 logits,
+    before penalties, logit bias, temperature and the top-k/top-p/min-p
+    filters (vLLM's default), so it says what the model thinks, not what the
+    sampler drew from.
+    """
+
+    logprob: float
+    rank: int
+    """1-based rank of the token in that distribution (1: the most likely)."""
+    decoded_token: str | None = None
+    """The token's own text (a single-token decode); None without a tokenizer."""
+
+
+@dataclass(slots=True)
 class CompletionOutput:
     """One of the `n` completions of a request."""
 
@@ -20,6 +37,11 @@ class CompletionOutput:
     """"stop" (EOS, stop token or stop string), "length", "abort", or None while running."""
     stop_reason: int | str | None = None
     """The stop token id or stop string that ended it, if any."""
+    logprobs: list[dict[int, Logprob]] | None = None
+    """With SamplingParams.logprobs: per generated token (or per new one with DELTA), the
+    sampled token and the `logprobs` most likely ones (up to logprobs + 1 entries)."""
+    cumulative_logprob: float | None = None
+    """With SamplingParams.logprobs: the sum of the sampled tokens' logprobs so far."""
 
     def finished(self) -> bool:
         return self.finish_reason is not None

@@ -7,6 +7,7 @@ requests with this class before anything reaches the model.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 
 
@@ -39,6 +40,17 @@ class SamplingParams:
     `stop_token_ids` hit; the token stays in `token_ids`) and a matched stop
     string are left out unless `include_stop_str_in_output`;
     `skip_special_tokens` drops special tokens' text.
+
+    Logit adjustments (OpenAI / vLLM semantics) apply before temperature and the
+    filters, to greedy requests too, in vLLM's order: `logit_bias` (token id ->
+    value added; digit-string keys, as JSON gives them, become ints), then
+    `repetition_penalty` over the prompt and the generated tokens (a seen
+    token's positive logit is divided by it, a negative one multiplied), then
+    `presence_penalty` and `frequency_penalty` over the generated tokens
+    (logit -= presence * (count > 0) + frequency * count). `logprobs` asks for
+    the sampled token's log-probability plus those of the `logprobs` most
+    likely tokens at every generated position, from the model's raw
+    distribution (before any adjustment, temperature or filter).
     """
 
     n: int = 1
@@ -55,6 +67,11 @@ class SamplingParams:
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    logprobs: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -101,11 +118,62 @@ class SamplingParams:
             raise ValueError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}")
         _check_bool("skip_special_tokens", self.skip_special_tokens)
         _check_bool("include_stop_str_in_output", self.include_stop_str_in_output)
+        if self.logprobs is not None:
+            _check_int("logprobs", self.logprobs, minimum=0)
+            if self.logprobs > MAX_LOGPROBS:
+                raise ValueError(f"logprobs must be <= {MAX_LOGPROBS}, got {self.logprobs}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _check_number(name, value)
+            if not -2 <= value <= 2:
+                raise ValueError(f"{name} must be in [-2, 2], got {value}")
+        _check_number("repetition_penalty", self.repetition_penalty)
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if self.logit_bias is not None:
+            self.logit_bias = _checked_bias(self.logit_bias)
 
     @property
     def greedy(self) -> bool:
         """Temperature 0 picks the most likely token; the other filters are moot."""
         return self.temperature == 0
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """True when a penalty or a logit bias changes the logits before sampling."""
+        return bool(
+            self.presence_penalty
+            or self.frequency_penalty
+            or self.repetition_penalty != 1.0
+            or self.logit_bias
+        )
+
+
+MAX_LOGPROBS = 20
+"""The most top log-probabilities a request may ask for per token (OpenAI's limit)."""
+
+MAX_LOGIT_BIAS = 100.0
+
+
+def _checked_bias(bias: object) -> dict[int, float]:
+    """`logit_bias` with int keys (OpenAI's JSON gives digit strings) and checked values."""
+    if not isinstance(bias, dict):
+        raise ValueError(f"logit_bias must be a dict of token id -> bias, got {bias!r}")
+    checked: dict[int, float] = {}
+    for key, value in bias.items():
+        token = key
+        if isinstance(key, str) and key.isascii() and key.isdigit():
+            token = int(key)
+        if not isinstance(token, int) or isinstance(token, bool) or token < 0:
+            raise ValueError(f"logit_bias keys must be non-negative token ids, got {key!r}")
+        _check_number(f"logit_bias[{token}]", value)
+        if not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:
+            raise ValueError(
+                f"logit_bias[{token}] must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], "
+                f"got {value}"
+            )
+        checked[token] = float(value)
+    return checked
 
 
 def _check_int(name: str, value: object, minimum: int | None = None) -> None:
@@ -121,5 +189,9 @@ def _check_bool(name: str, value: object) -> None:
 
 
 def _check_number(name: str, value: object) -> None:
-    if not isinstance(value, int | float) or isinstance(value, bool) or value != value:
-        raise ValueError(f"{name} must be a number, got {value!r}")
+    if (
+        not isinstance(value, int | float)
+        or isinstance(value, bool)
+        or (isinstance(value, float) and not math.isfinite(value))
+    ):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")

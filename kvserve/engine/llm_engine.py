@@ -14,6 +14,7 @@ from typing import Any
 from kvserve.batch import Runner
 from kvserve.engine.content_tracker import tracker_for
 from kvserve.engine.engine_args import EngineArgs
+from kvserve.engine.logprobs import LogprobsRecorder
 from kvserve.engine.request import Request
 from kvserve.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, sampled_tokens
 from kvserve.engine.stop import StopChecker
@@ -34,7 +35,7 @@ class _UserRequest:
     sequences: list[Request]
     kind: RequestOutputKind
     sent_tokens: list[int]
-    """Per sequence: output tokens already handed out (DELTA)."""
+    """Per sequence: output tokens (and their logprobs) already handed out (DELTA)."""
 
 
 @dataclass(slots=True)
@@ -99,6 +100,7 @@ class LLMEngine:
         """The external KV tiers (kvserve.offload); None when `offload` is not set."""
         self.connector = self.tiers.connector if self.tiers is not None else None
         self.stop_checker = StopChecker(self.tokenizer, runner.eos_token_ids)
+        self.logprobs = LogprobsRecorder(self.tokenizer)
         self.scheduler = Scheduler(
             self.manager,
             SchedulerConfig(
@@ -151,6 +153,12 @@ class LLMEngine:
             raise ValueError(
                 f"request {request_id}: token ids {bad[:5]} outside the vocabulary "
                 f"[0, {self._vocab_size})"
+            )
+        outside = [t for t in params.logit_bias or () if t >= self._vocab_size]
+        if outside:
+            raise ValueError(
+                f"request {request_id}: logit_bias token id {outside[0]} is outside the "
+                f"vocabulary [0, {self._vocab_size})"
             )
         sequences = []
         for index in range(params.n):
@@ -309,15 +317,18 @@ class LLMEngine:
             return []
 
     def _execute(self, out: SchedulerOutput) -> dict[str, int]:
-        """The runner's step over the scheduler's plans, with tier loads and saves around it."""
+        """The runner's step over the scheduler's plans, with tier loads and saves around it;
+        the logprobs it reports go to their requests."""
         chunks = out.seq_chunks(self.manager)
         tiers = self.tiers
         if tiers is not None:
             tiers.load()
-        tokens = self.runner.execute(chunks)
+        step = self.runner.execute(chunks)
         if tiers is not None:
             tiers.save(out, self.manager)
-        return sampled_tokens(chunks, tokens)
+        if step.logprobs is not None:
+            self.logprobs.record([c.request for c in out.chunks], step)
+        return sampled_tokens(chunks, step)
 
     def _output(self, user: _UserRequest) -> RequestOutput:
         """The request's output after a step: everything so far, what is new
@@ -332,17 +343,20 @@ class LLMEngine:
                 text = state.delta(done) if delta else state.text(done)
             else:  # no tokenizer, or FINAL_ONLY without stop strings: decode once
                 text = self.stop_checker.final_text(seq) if done and not delta else ""
-            start = seq.num_prompt_tokens
+            sent = 0
             if delta:
-                start += user.sent_tokens[seq.index]
+                sent = user.sent_tokens[seq.index]
                 user.sent_tokens[seq.index] = seq.num_output_tokens
+            logprobs = seq.logprobs
             completions.append(
                 CompletionOutput(
                     index=seq.index,
                     text=text,
-                    token_ids=seq.token_ids[start:],
+                    token_ids=seq.token_ids[seq.num_prompt_tokens + sent :],
                     finish_reason=seq.status.value if done else None,
                     stop_reason=seq.stop_reason,
+                    logprobs=None if logprobs is None else logprobs[sent:],
+                    cumulative_logprob=None if logprobs is None else seq.cumulative_logprob,
                 )
             )
         first = user.sequences[0]

@@ -6,6 +6,10 @@ behaves: identical prompts continue identically, so generated blocks are
 cacheable, and a later turn's prompt may contain an earlier answer. It sits
 behind the same `Runner` interface as the model runner, so `simulate` runs
 the engine's own step loop.
+
+There are no logits: penalties and logit bias change nothing, and a request
+that asks for logprobs gets those of a point mass on the token it gets
+(logprob 0.0, rank 1, no other token listed).
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kvserve.batch import SeqChunk
+from kvserve.batch import SeqChunk, StepOutput, TokenLogprobs
 from kvserve.kvcache.specs import FullAttentionSpec, KVCacheSpec
 
 _MASK = (1 << 64) - 1
@@ -51,10 +55,11 @@ class ModelFreeRunner:
         self._state: dict[str, tuple[int, int]] = {}
         """request id -> (tokens folded in, rolling state)."""
 
-    def execute(self, chunks: list[SeqChunk]) -> list[int | None]:
+    def execute(self, chunks: list[SeqChunk]) -> StepOutput:
         """The next token of every chunk that reaches its sequence's end."""
         sampled: list[int | None] = []
-        for chunk in chunks:
+        logprobs: list[TokenLogprobs | None] | None = None
+        for i, chunk in enumerate(chunks):
             if not chunk.sample:
                 sampled.append(None)
                 continue
@@ -63,8 +68,14 @@ class ModelFreeRunner:
             for token in tokens[folded:]:
                 state = _mix(state, token)
             self._state[chunk.request_id] = (len(tokens), state)
-            sampled.append((state >> 17) % self.sampled_vocab)
-        return sampled
+            token = (state >> 17) % self.sampled_vocab
+            sampled.append(token)
+            if chunk.params is not None and chunk.params.logprobs is not None:
+                if logprobs is None:
+                    logprobs = [None] * len(chunks)
+                top = [token] if chunk.params.logprobs else []
+                logprobs[i] = TokenLogprobs(0.0, 1, top, [0.0] * len(top))
+        return StepOutput(sampled, logprobs)
 
     def free_request(self, request_id: str) -> None:
         self._state.pop(request_id, None)

@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from kvserve.engine.detokenizer import OutputText
+from kvserve.outputs import Logprob
 from kvserve.sampling_params import SamplingParams
 
 
@@ -50,10 +51,16 @@ class Request:
     output_text: OutputText | None = None
     """The text grown token by token (StopChecker.prepare); None when nothing reads
     it before the request finishes."""
+    logprobs: list[dict[int, Logprob]] | None = None
+    """One entry per generated token when `params.logprobs` is set (the engine's
+    LogprobsRecorder appends them); None otherwise."""
+    cumulative_logprob: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.num_prompt_tokens:
             self.num_prompt_tokens = len(self.token_ids)
+        if self.params.logprobs is not None and self.logprobs is None:
+            self.logprobs = []
         if not self.parent_id:
             self.parent_id = self.request_id
 

@@ -14,7 +14,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvserve.batch import SeqChunk
+from kvserve.batch import SeqChunk, StepOutput
 from kvserve.engine.request import Request, RequestStatus
 from kvserve.engine.stop import StopChecker
 from kvserve.kvcache.manager import KVCacheManager
@@ -77,9 +77,9 @@ class SchedulerOutput:
         ]
 
 
-def sampled_tokens(chunks: list[SeqChunk], tokens: list[int | None]) -> dict[str, int]:
+def sampled_tokens(chunks: list[SeqChunk], step: StepOutput) -> dict[str, int]:
     """Request id -> its new token, for every chunk that sampled (what `update` takes)."""
-    return {c.request_id: t for c, t in zip(chunks, tokens, strict=True) if t is not None}
+    return {c.request_id: t for c, t in zip(chunks, step.tokens, strict=True) if t is not None}
 
 
 @dataclass(slots=True)

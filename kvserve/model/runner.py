@@ -4,7 +4,8 @@ The engine hands over, per request, a `SeqChunk`: its tokens and the KV
 cache's `StepPlan` (positions to compute, block tables per group, copies,
 state plans). The runner turns that into slot mappings and attention
 metadata (one per group), runs the model once over the whole flattened
-batch, and samples the last position of each chunk that asks for it. It
+batch, and samples the last position of each chunk that asks for it
+(penalties and logit bias first, logprobs for the requests that want them). It
 reads only plans and specs: nothing about hashing, eviction or how groups
 are managed (docs/design.md: data flows one way).
 """
@@ -20,7 +21,7 @@ from typing import Any
 
 import torch
 
-from kvserve.batch import SeqChunk
+from kvserve.batch import SeqChunk, StepOutput, TokenLogprobs
 from kvserve.kvcache.plan import CopyOp
 from kvserve.kvcache.specs import (
     FullAttentionSpec,
@@ -37,6 +38,8 @@ from kvserve.model.kv_memory import (
 )
 from kvserve.model.layer_groups import GroupLayout, group_layers
 from kvserve.model.loader import load_model
+from kvserve.model.logprobs import token_logprobs
+from kvserve.model.penalties import apply_penalties
 from kvserve.model.sampler import sample
 from kvserve.model.tokenizer import load_tokenizer
 
@@ -207,8 +210,9 @@ class ModelRunner:
         """The checkpoint's tokenizer (transformers, offline), loaded on first use."""
         return load_tokenizer(self.model_dir, self.config)
 
-    def execute(self, chunks: list[SeqChunk]) -> list[int | None]:
-        """Run one step; the sampled token of each chunk (None where sample=False).
+    def execute(self, chunks: list[SeqChunk]) -> StepOutput:
+        """Run one step: the sampled token of each chunk (None where sample=False), and
+        logprobs for the sampled chunks whose params ask for them.
 
         The plans' copies (copy-on-write of partially hit blocks) are done first.
         """
@@ -216,7 +220,7 @@ class ModelRunner:
         if copies:
             self._copy(copies)
         if not chunks:
-            return []
+            return StepOutput([])
         input_ids: list[int] = []
         positions: list[int] = []
         spans = []
@@ -242,15 +246,13 @@ class ModelRunner:
             for g, spec in enumerate(self.kv_cache_specs)
         ]
         meta = [group_metas[g] for g in self.layer_groups.layer_group]
-        rows, params, generators, banned = [], [], [], []
+        rows, sampled = [], []
         last = -1
         for chunk in chunks:
             last += chunk.plan.num_tokens
             if chunk.sample:
                 rows.append(last)
-                params.append(chunk.params)
-                generators.append(self._generator(chunk))
-                banned.append(self._banned(chunk))
+                sampled.append(chunk)
         with torch.inference_mode():
             hidden = self.model(
                 torch.tensor(input_ids, dtype=torch.long, device=device),
@@ -259,10 +261,33 @@ class ModelRunner:
                 meta,
             )
             if not rows:
-                return [None] * len(chunks)
-            logits = self.model.compute_logits(hidden[rows])
-            tokens = iter(sample(logits, params, generators, banned))
-        return [next(tokens) if chunk.sample else None for chunk in chunks]
+                return StepOutput([None] * len(chunks))
+            tokens, logprobs = self._sample(self.model.compute_logits(hidden[rows]), sampled)
+        found = iter(tokens)
+        step = StepOutput([next(found) if chunk.sample else None for chunk in chunks])
+        if logprobs is not None:
+            found_lp = iter(logprobs)
+            step.logprobs = [next(found_lp) if chunk.sample else None for chunk in chunks]
+        return step
+
+    def _sample(
+        self, logits: torch.Tensor, chunks: list[SeqChunk]
+    ) -> tuple[list[int], list[TokenLogprobs | None] | None]:
+        """One token per chunk from its float32 logits row; logprobs for the rows that ask
+        (of the raw logits, taken before penalties and bias change them)."""
+        params = [chunk.params for chunk in chunks]
+        asked = [i for i, p in enumerate(params) if p is not None and p.logprobs is not None]
+        raw = torch.log_softmax(logits[asked], dim=-1) if asked else None
+        apply_penalties(logits, chunks)
+        generators = [self._generator(chunk) for chunk in chunks]
+        tokens = sample(logits, params, generators, [self._banned(chunk) for chunk in chunks])
+        if raw is None:
+            return tokens, None
+        found = token_logprobs(raw, [tokens[i] for i in asked], [params[i].logprobs for i in asked])
+        logprobs: list[TokenLogprobs | None] = [None] * len(chunks)
+        for i, row in zip(asked, found, strict=True):
+            logprobs[i] = row
+        return tokens, logprobs
 
     def _state_metadata(self, chunks: list[SeqChunk], group: int) -> Any:
         """Where each chunk's state comes from and goes, for one state group."""

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from _runs import run
 
-from kvserve.batch import SeqChunk
+from kvserve.batch import SeqChunk, StepOutput
 from kvserve.engine.engine_args import EngineArgs
 from kvserve.engine.llm_engine import LLMEngine
 from kvserve.engine.model_free_runner import ModelFreeRunner
@@ -28,27 +29,20 @@ class ScriptedRunner(ModelFreeRunner):
         self.eos_token_ids = {tokenizer.convert_tokens_to_ids("<|endoftext|>")}
         self.scripts = scripts
 
-    def execute(self, chunks: list[SeqChunk]) -> list[int | None]:
+    def execute(self, chunks: list[SeqChunk]) -> StepOutput:
         scripts = self.scripts
-        return [
-            (scripts.get(c.request_id) or scripts[c.request_id.split("#")[0]])[c.num_generated]
-            if c.sample
-            else None
-            for c in chunks
-        ]
+        return StepOutput(
+            [
+                (scripts.get(c.request_id) or scripts[c.request_id.split("#")[0]])[c.num_generated]
+                if c.sample
+                else None
+                for c in chunks
+            ]
+        )
 
 
 def scripted_engine(tokenizer, scripts: dict[str, list[int]]) -> LLMEngine:
     return LLMEngine.from_runner(ScriptedRunner(tokenizer, scripts), EngineArgs(block_size=4))
-
-
-def run(engine: LLMEngine) -> dict[str, list]:
-    """Every output of every request, in step order."""
-    outputs: dict[str, list] = {}
-    while engine.has_unfinished_requests():
-        for output in engine.step():
-            outputs.setdefault(output.request_id, []).append(output)
-    return outputs
 
 
 def scripted(tokenizer, text: str, *extra: int) -> list[int]:

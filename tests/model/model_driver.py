@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvserve.batch import SeqChunk
+from kvserve.batch import SeqChunk, TokenLogprobs
 from kvserve.kvcache import KVCacheConfig, KVCacheManager, StepPlan
 from kvserve.model import ModelRunner
 from kvserve.sampling_params import SamplingParams
@@ -40,6 +40,8 @@ class Request:
     """Prompt tokens found in the prefix cache (shared, not recomputed)."""
     skipped_writes: int = 0
     """skip_write_until of the step plans: the fully cached prompt case."""
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    """What the runner reported per generated token (params.logprobs set)."""
     done: bool = False
 
     def __post_init__(self) -> None:
@@ -96,13 +98,20 @@ class Driver:
             r.skipped_writes = max(r.skipped_writes, plan.skip_write_until)
             scheduled.append((r, num_new))
             sample = r.num_computed + num_new == len(r.token_ids)
-            chunks.append(SeqChunk(r.request_id, r.token_ids, plan, sample, r.params))
-        tokens = self.runner.execute(chunks)
+            chunks.append(
+                SeqChunk(
+                    r.request_id, r.token_ids, plan, sample, r.params, num_generated=len(r.output)
+                )
+            )
+        step = self.runner.execute(chunks)
         m.end_step()
-        for (r, n), token in zip(scheduled, tokens, strict=True):
+        found = step.logprobs or [None] * len(chunks)
+        for (r, n), token, logprobs in zip(scheduled, step.tokens, found, strict=True):
             r.num_computed += n
             if token is None:
                 continue
+            if logprobs is not None:
+                r.logprobs.append(logprobs)
             r.output.append(token)
             r.token_ids.append(token)
             stop = token in self.runner.eos_token_ids and not (r.params and r.params.ignore_eos)

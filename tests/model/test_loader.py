@@ -172,7 +172,7 @@ def test_bfloat16_runs(checkpoints):
         checkpoints["qwen3"].path, block_size=4, num_blocks=8, dtype="bfloat16", num_threads=1
     )
     assert runner.kv_caches[0][0].dtype == torch.bfloat16
-    (token,) = runner.execute([make_chunk("b", [1, 2, 3, 4, 5], 0, [[1, 2]])])
+    (token,) = runner.execute([make_chunk("b", [1, 2, 3, 4, 5], 0, [[1, 2]])]).tokens
     assert 0 <= token < runner.vocab_size
     with pytest.raises(ValueError, match="dtype"):
         ModelRunner(checkpoints["qwen3"].path, block_size=4, num_blocks=8, dtype="fp8")

@@ -94,6 +94,6 @@ def test_garbage_in_unwritten_cache_slots_is_never_read(checkpoint, runner):
 
 
 def test_sample_false_returns_none_and_empty_batch(runner):
-    assert runner.execute([]) == []
+    assert runner.execute([]).tokens == []
     chunk = make_chunk("n", [5, 6, 7], 0, [[1]], sample=False)
-    assert runner.execute([chunk]) == [None]
+    assert runner.execute([chunk]).tokens == [None]

@@ -33,6 +33,27 @@ from kvserve.sampling_params import SamplingParams
         ({"stop": ["ok", 3]}, "stop"),
         ({"stop": [""]}, "stop"),
         ({"stop_token_ids": [-1]}, "stop_token_ids"),
+        ({"temperature": float("inf")}, "temperature"),
+        ({"top_p": float("nan")}, "top_p"),
+        ({"min_p": float("-inf")}, "min_p"),
+        ({"logprobs": -1}, "logprobs"),
+        ({"logprobs": 21}, "logprobs"),
+        ({"logprobs": 1.0}, "logprobs"),
+        ({"presence_penalty": 2.5}, "presence_penalty"),
+        ({"presence_penalty": float("nan")}, "presence_penalty"),
+        ({"frequency_penalty": -2.1}, "frequency_penalty"),
+        ({"frequency_penalty": float("inf")}, "frequency_penalty"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty"),
+        ({"repetition_penalty": float("inf")}, "repetition_penalty"),
+        ({"repetition_penalty": "1.2"}, "repetition_penalty"),
+        ({"logit_bias": [1, 2]}, "logit_bias"),
+        ({"logit_bias": {"a": 1.0}}, "logit_bias"),
+        ({"logit_bias": {"-1": 1.0}}, "logit_bias"),
+        ({"logit_bias": {-1: 1.0}}, "logit_bias"),
+        ({"logit_bias": {True: 1.0}}, "logit_bias"),
+        ({"logit_bias": {5: 100.5}}, "logit_bias"),
+        ({"logit_bias": {5: float("nan")}}, "logit_bias"),
+        ({"logit_bias": {5: "1"}}, "logit_bias"),
     ],
 )
 def test_invalid_params_name_the_field(kwargs, field):
@@ -46,6 +67,15 @@ def test_valid_params_and_defaults():
     assert SamplingParams(stop="END").stop == ["END"]
     assert SamplingParams(temperature=0).greedy
     SamplingParams(top_k=0, min_tokens=16, max_tokens=16, seed=0, stop_token_ids=[1, 2])
+    assert (p.logprobs, p.presence_penalty, p.frequency_penalty) == (None, 0.0, 0.0)
+    assert (p.repetition_penalty, p.logit_bias, p.adjusts_logits) == (1.0, None, False)
+    edges = SamplingParams(
+        logprobs=20, presence_penalty=-2, frequency_penalty=2, repetition_penalty=0.01
+    )
+    assert edges.adjusts_logits
+    biased = SamplingParams(logit_bias={"12": 100, 3: -100.0, 0: 0.5})
+    assert biased.logit_bias == {12: 100.0, 3: -100.0, 0: 0.5}
+    assert all(type(k) is int for k in biased.logit_bias)
 
 
 def test_sampling_params_module_does_not_import_torch():
@@ -163,11 +193,11 @@ def test_min_tokens_holds_back_eos_and_stop_tokens(checkpoints, runners):
     saved = runner.eos_token_ids
     try:
         runner.eos_token_ids = {first}
-        assert runner.execute([chunk()]) != [first]
-        assert runner.execute([chunk(num_generated=2)]) == [first]
+        assert runner.execute([chunk()]).tokens != [first]
+        assert runner.execute([chunk(num_generated=2)]).tokens == [first]
         params.ignore_eos = True
-        assert runner.execute([chunk()]) == [first]
+        assert runner.execute([chunk()]).tokens == [first]
         params.stop_token_ids = [first]
-        assert runner.execute([chunk(num_generated=1)]) != [first]
+        assert runner.execute([chunk(num_generated=1)]).tokens != [first]
     finally:
         runner.eos_token_ids = saved
