@@ -103,7 +103,7 @@ async def _first_outputs(job: Job, state: ServerState) -> None:
                 message = str(item)
                 if len(job.parts) > 1:
                     message = f"prompt {job.parts[item.request_id].index}: {message}"
-                raise APIError(message, param="max_tokens" if "max_tokens" in message else None)
+                raise APIError(message, param=protocol.refused_field(message))
             if isinstance(item, ServerStopping):
                 raise APIError(str(item), 503)
             if isinstance(item, BaseException):

@@ -32,10 +32,14 @@ _SAMPLING = {
     "min_tokens": "min_tokens",
     "skip_special_tokens": "skip_special_tokens",
     "include_stop_str_in_output": "include_stop_str_in_output",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "repetition_penalty": "repetition_penalty",
+    "logit_bias": "logit_bias",
 }
 _COMMON = {"model", "stream", "stream_options", "user", "cache_salt", *_SAMPLING}
-COMPLETION_FIELDS = frozenset({*_COMMON, "prompt", "echo"})
-CHAT_FIELDS = frozenset({*_COMMON, "messages"})
+COMPLETION_FIELDS = frozenset({*_COMMON, "prompt", "echo", "logprobs"})
+CHAT_FIELDS = frozenset({*_COMMON, "messages", "logprobs", "top_logprobs"})
 DEFAULT_MAX_TOKENS = 16
 MAX_BATCH_PROMPTS = 256
 
@@ -49,6 +53,8 @@ class ResponseOptions:
     """Streaming: a last chunk with the usage (`stream_options.include_usage`)."""
     echo: bool = False
     """Completions: each choice's text starts with its prompt."""
+    logprobs: int | None = None
+    """How many most likely tokens to show per generated token (None: no logprobs)."""
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
@@ -75,10 +81,13 @@ def sampling_params(body: dict[str, Any], chat: bool = False) -> SamplingParams:
     for name, ours in _SAMPLING.items():
         if name in body and body[name] is not None:
             kwargs[ours] = body[name]
+    top = _logprobs(body, chat)
+    if top is not None:
+        kwargs["logprobs"] = top  # SamplingParams checks the range and names the field
     try:
         return SamplingParams(**kwargs, output_kind=RequestOutputKind.DELTA)
     except (ValueError, TypeError) as exc:
-        raise APIError(str(exc), param=_field_in(str(exc))) from None
+        raise APIError(str(exc), param=_field_in(str(exc), chat)) from None
 
 
 def response_options(body: dict[str, Any], chat: bool = False) -> ResponseOptions:
@@ -90,7 +99,31 @@ def response_options(body: dict[str, Any], chat: bool = False) -> ResponseOption
     include = options.get("include_usage", False)
     if not isinstance(include, bool):
         raise APIError("include_usage must be true or false", param="stream_options")
-    return ResponseOptions(stream=stream, include_usage=include, echo=_flag(body, "echo"))
+    return ResponseOptions(
+        stream=stream,
+        include_usage=include,
+        echo=_flag(body, "echo"),
+        logprobs=_logprobs(body, chat),
+    )
+
+
+def _logprobs(body: dict[str, Any], chat: bool) -> int | None:
+    """Completions: `logprobs: N`. Chat: `logprobs: true` and `top_logprobs: N` (0 default)."""
+    if not chat:
+        value = body.get("logprobs")
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise APIError("logprobs must be an integer", param="logprobs")
+        return value
+    top = body.get("top_logprobs")
+    if not _flag(body, "logprobs"):
+        if top is not None:
+            raise APIError("top_logprobs needs logprobs: true", param="top_logprobs")
+        return None
+    if top is None:
+        return 0
+    if not isinstance(top, int) or isinstance(top, bool):
+        raise APIError("top_logprobs must be an integer", param="top_logprobs")
+    return top
 
 
 def cache_salt(body: dict[str, Any]) -> str | None:
@@ -159,9 +192,19 @@ def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _field_in(message: str) -> str | None:
+def _field_in(message: str, chat: bool) -> str | None:
     """The field a SamplingParams error names (its messages start with the field)."""
     match = re.match(r"(\w+)", message)
     name = match.group(1) if match else None
+    if name == "logprobs":
+        return "top_logprobs" if chat else "logprobs"
     reverse = {ours: name for name, ours in _SAMPLING.items()}
     return name if name in _SAMPLING or name in reverse else None
+
+
+def refused_field(message: str) -> str | None:
+    """The field behind the engine's refusal of a request (its message names it)."""
+    for name in ("logit_bias", "max_tokens"):
+        if name in message:
+            return name
+    return None

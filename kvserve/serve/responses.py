@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvserve.outputs import CompletionOutput, RequestOutput
+from kvserve.serve.logprobs import Step, chat_logprobs, completion_logprobs
 from kvserve.serve.protocol import ResponseOptions
 
 
@@ -32,6 +33,11 @@ class Part:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     generated: int = 0
+    token_ids: dict[int, list[int]] = field(default_factory=dict)
+    steps: dict[int, list[Step]] = field(default_factory=dict)
+    """Per completion, each generated token's logprobs (when the client asked)."""
+    offsets: dict[int, int] = field(default_factory=dict)
+    """Per completion, where the next streamed token's text starts (completions logprobs)."""
 
 
 @dataclass(slots=True)
@@ -60,8 +66,24 @@ class Job:
             part.generated += len(c.token_ids)
             part.texts[c.index] = part.texts.get(c.index, "") + c.text
             part.finish[c.index] = c.finish_reason or part.finish.get(c.index)
+            if c.logprobs is not None:
+                part.token_ids.setdefault(c.index, []).extend(c.token_ids)
+                part.steps.setdefault(c.index, []).extend(c.logprobs)
             indexed.append((part.index * self.n + c.index, c))
         return indexed
+
+    def _logprobs(
+        self, part: Part, index: int, token_ids: list[int], steps: list[Step] | None
+    ) -> dict[str, Any] | None:
+        """The logprobs of these tokens of one choice, in the endpoint's shape (None: off)."""
+        top = self.options.logprobs
+        if top is None or steps is None:
+            return None
+        if self.chat:
+            return chat_logprobs(token_ids, steps, top)
+        start = part.offsets.get(index, len(part.echo))
+        body, part.offsets[index] = completion_logprobs(token_ids, steps, top, start)
+        return body
 
     def usage(self) -> dict[str, Any]:
         """Prompt tokens once per prompt (not per completion), as OpenAI counts them."""
@@ -85,7 +107,9 @@ class Job:
                 choice: dict[str, Any] = {
                     "index": part.index * self.n + j,
                     "finish_reason": part.finish.get(j),
-                    "logprobs": None,
+                    "logprobs": self._logprobs(
+                        part, j, part.token_ids.get(j, []), part.steps.get(j, [])
+                    ),
                 }
                 text = part.echo + part.texts.get(j, "")
                 if self.chat:
@@ -141,9 +165,10 @@ class Job:
             if c.index not in part.started and (text or c.finish_reason):
                 part.started.add(c.index)
                 text = part.echo + text
-            if not text and c.finish_reason is None:
+            if not text and c.finish_reason is None and not c.token_ids:
                 continue
-            choice: dict[str, Any] = {"index": index, "logprobs": None}
+            logprobs = self._logprobs(part, c.index, c.token_ids, c.logprobs)
+            choice: dict[str, Any] = {"index": index, "logprobs": logprobs}
             if self.chat:
                 choice["delta"] = {"content": text} if text else {}
             else:
