@@ -80,6 +80,25 @@ def stop_server(server: Server) -> str:
     return out or ""
 
 
+@pytest.fixture(scope="module")
+def llm(demo):
+    """The same engine settings in process: what the server's answers must equal."""
+    from kvserve import LLM
+
+    engine = LLM(demo, **ENGINE)
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    """The official OpenAI client on the shared server."""
+    import openai
+
+    with openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", timeout=60) as c:
+        yield c
+
+
 @pytest.fixture(scope="session")
 def server(demo) -> Iterator[Server]:
     """One server shared by the tests that need no special flags (each start costs seconds)."""

@@ -5,30 +5,14 @@ from __future__ import annotations
 import json
 
 import httpx
-import openai
-import pytest
 
-from kvserve import LLM, SamplingParams
-from tests.serve.conftest import ENGINE
+from kvserve import SamplingParams
 
 PROMPTS = ["Hello there, how are", "The capital of France is"]
 CONVERSATION = [
     {"role": "system", "content": "Be brief."},
     {"role": "user", "content": "What is a KV cache? ünïcödé ✓"},
 ]
-
-
-@pytest.fixture(scope="module")
-def llm(demo):
-    engine = LLM(demo, **ENGINE)
-    yield engine
-    engine.shutdown()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    with openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", timeout=60) as c:
-        yield c
 
 
 def test_greedy_completions_equal_llm_generate(server, client, llm):

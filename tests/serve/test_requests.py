@@ -6,26 +6,11 @@ import asyncio
 import json
 
 import httpx
-import openai
-import pytest
 
 from kvserve import LLM, SamplingParams
 from tests.serve.conftest import ENGINE
 
 PROMPTS = [f"Story number {i} begins with a" for i in range(32)]
-
-
-@pytest.fixture(scope="module")
-def llm(demo):
-    engine = LLM(demo, **ENGINE)
-    yield engine
-    engine.shutdown()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    with openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", timeout=60) as c:
-        yield c
 
 
 def test_a_batch_of_prompts_with_n_completions_each(server, client, llm):

@@ -3,27 +3,12 @@
 from __future__ import annotations
 
 import httpx
-import openai
 import pytest
 
-from kvserve import LLM, SamplingParams
-from tests.serve.conftest import ENGINE
+from kvserve import SamplingParams
 
 PROMPT = "Once upon a time the model said"
 CHAT = [{"role": "user", "content": "Say something."}]
-
-
-@pytest.fixture(scope="module")
-def llm(demo):
-    engine = LLM(demo, **ENGINE)
-    yield engine
-    engine.shutdown()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    with openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", timeout=60) as c:
-        yield c
 
 
 def test_completion_logprobs_equal_llm_generate_streamed_or_not(server, client, llm):
