@@ -74,8 +74,8 @@ def test_running_requests_show_in_the_gauges(server):
 
 
 def test_vllm_prefix_and_a_disconnect_going_idle_within_a_second(demo):
-    srv = start_server(demo, "--metrics-prefix", "vllm", "--api-key", "k")
-    body = {"model": srv.model, "prompt": "go on", "max_tokens": 2000, "ignore_eos": True}
+    srv = start_server(demo, "--metrics-prefix", "vllm", "--api-key", "k", "--log-requests")
+    body = {"model": srv.model, "prompt": "go on LOGGED", "max_tokens": 2000, "ignore_eos": True}
     headers = {"Authorization": "Bearer k"}
     try:
         names = scrape(srv, "vllm")  # /metrics stays open without the key
@@ -103,4 +103,5 @@ def test_vllm_prefix_and_a_disconnect_going_idle_within_a_second(demo):
         assert metric(now, "vllm:kv_cache_usage_perc") == 0
         assert metric(now, "vllm:request_success_total", finished_reason="abort") == 1
     finally:
-        stop_server(srv)
+        log = stop_server(srv)
+    assert "go on LOGGED" in log  # --log-requests: the prompt is in the log, as asked
