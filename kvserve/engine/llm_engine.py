@@ -146,10 +146,7 @@ class LLMEngine:
         prompt_text, token_ids = self._tokenize(prompt)
         bad = [t for t in token_ids if not (0 <= t < self._vocab_size)]
         if bad:
-            raise ValueError(
-                f"request {request_id}: token ids {bad[:5]} outside the vocabulary "
-                f"[0, {self._vocab_size})"
-            )
+            raise ValueError(f"token ids {bad[:5]} outside the vocabulary [0, {self._vocab_size})")
         sequences = []
         for index in range(params.n):
             child = params
