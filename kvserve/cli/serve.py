@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import logging
 import os
 import sys
 
@@ -56,7 +55,6 @@ def run(args: argparse.Namespace) -> int:
     from kvserve.serve.engine_thread import EngineThread
     from kvserve.serve.state import ServerState
 
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     llm = LLM(args.model, **dataclasses.asdict(engine_args_from(args)))
     name = args.served_model_name or args.model or "SmolLM2-135M-Instruct"
     engine = EngineThread(llm.engine)
@@ -72,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         print("(random weights: its completions are gibberish)", file=sys.stderr, flush=True)
     engine.start()
     try:
-        uvicorn.run(create_app(state), host=args.host, port=args.port, log_level="info")
+        uvicorn.run(create_app(state), host=args.host, port=args.port, log_level=args.log_level)
     finally:
         engine.stop()
         llm.shutdown()
