@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import os
 import sys
 
-from kvserve.cli.common import HelpFormatter, add_model_option
+from kvserve.cli.common import HelpFormatter, add_model_option, positive
 from kvserve.cli.engine_options import add_engine_options, engine_args_from
+from kvserve.serve.metrics import PREFIXES
 
 API_KEY_ENV = "KVSERVE_API_KEY"
+LOOPBACK_EVENTS_ENDPOINT = "tcp://127.0.0.1:5557"
+log = logging.getLogger("kvserve.serve")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -40,8 +44,31 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     s.add_argument(
         "--api-key",
-        help=f"require 'Authorization: Bearer KEY' on every route but /health "
+        help=f"require 'Authorization: Bearer KEY' on every route but /health and /metrics "
         f"(default: ${API_KEY_ENV} if set)",
+    )
+    s.add_argument(
+        "--max-queued-requests",
+        type=positive,
+        help="answer 503 (Retry-After) once this many requests wait for their first step "
+        "(default: no limit)",
+    )
+    s.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        help="on SIGTERM / Ctrl-C: seconds running requests may finish before they are aborted",
+    )
+    s.add_argument(
+        "--metrics-prefix",
+        choices=PREFIXES,
+        default="kvserve",
+        help="prefix of the /metrics series; 'vllm' exports vLLM's names for its dashboards",
+    )
+    s.add_argument(
+        "--log-requests",
+        action="store_true",
+        help="log each request's prompt and sampling parameters (off: logs hold no prompt text)",
     )
     add_engine_options(p.add_argument_group("engine (kvserve.engine.engine_args.EngineArgs)"))
     p.set_defaults(func=run)
@@ -53,25 +80,65 @@ def run(args: argparse.Namespace) -> int:
     from kvserve.llm import LLM
     from kvserve.serve.app import create_app
     from kvserve.serve.engine_thread import EngineThread
+    from kvserve.serve.lifecycle import DrainingServer
+    from kvserve.serve.metrics import EngineObserver, ServerMetrics, cache_config_info
     from kvserve.serve.state import ServerState
 
-    llm = LLM(args.model, **dataclasses.asdict(engine_args_from(args)))
+    engine_args = engine_args_from(args)
+    engine_args.kv_events_config = loopback_events(engine_args.kv_events_config)
+    llm = LLM(args.model, **dataclasses.asdict(engine_args))
     name = args.served_model_name or args.model or "SmolLM2-135M-Instruct"
-    engine = EngineThread(llm.engine)
+    metrics = ServerMetrics(args.metrics_prefix, name, cache_config_info(llm.engine))
+    observer = EngineObserver(metrics)
+    observer.refresh(llm.engine)
+    engine = EngineThread(llm.engine, observer)
     state = ServerState(
         engine=engine,
         served_name=name,
         description=llm.model.description,
         api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
         max_model_len=llm.engine.scheduler.config.max_model_len,
+        metrics=metrics,
+        max_queued_requests=args.max_queued_requests,
+        log_requests=args.log_requests,
     )
     print(f"Serving {llm.model.description} as {name!r}", file=sys.stderr, flush=True)
     if llm.model.random_weights:
         print("(random weights: its completions are gibberish)", file=sys.stderr, flush=True)
+    config = uvicorn.Config(
+        create_app(state),
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        timeout_graceful_shutdown=5,
+    )
+    server = DrainingServer(config, state, args.shutdown_timeout)
     engine.start()
     try:
-        uvicorn.run(create_app(state), host=args.host, port=args.port, log_level=args.log_level)
+        server.run()
     finally:
         engine.stop()
+        events = llm.engine.kv_events
         llm.shutdown()
+        if events is not None:
+            log.info("KV events: the last batch (seq %d) is sent", events.publisher.last_seq)
+    if server.signalled:
+        log.info("stopped")
     return 0
+
+
+def loopback_events(config: str | None) -> str | None:
+    """KV events carry every prompt's token ids: unless the config names an endpoint,
+    serve binds its event sockets to loopback (vLLM binds every interface)."""
+    if config is None:
+        return None
+    import json
+
+    try:
+        value = json.loads(config)
+    except json.JSONDecodeError:
+        return config  # the engine says what is wrong with it
+    if isinstance(value, dict) and "endpoint" not in value:
+        value.update(endpoint=LOOPBACK_EVENTS_ENDPOINT, bind=True)
+        return json.dumps(value)
+    return config

@@ -114,6 +114,8 @@ class LLMEngine:
         """Independent count of the ideal prefill and of duplicate blocks held."""
         self.last_step_num_chunks = 0
         """Chunks the last step ran (0: nothing could be scheduled)."""
+        self.last_step_num_tokens = 0
+        """Tokens (prefill and decode) the last step computed."""
         self._requests: dict[str, _UserRequest] = {}
         self._admitted: set[str] = set()
         self._vocab_size = runner.vocab_size
@@ -206,6 +208,13 @@ class LLMEngine:
             self._admitted.discard(seq.request_id)
             self.runner.free_request(seq.request_id)
 
+    def num_completions(self, request_id: str) -> int:
+        """Unfinished completions of a request (0 once it finished or is unknown)."""
+        user = self._requests.get(request_id)
+        if user is None:
+            return 0
+        return sum(not seq.status.finished for seq in user.sequences)
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
@@ -252,6 +261,7 @@ class LLMEngine:
         t0 = time.perf_counter()
         out = self.scheduler.schedule()
         self.last_step_num_chunks = len(out.chunks)
+        self.last_step_num_tokens = sum(c.num_tokens for c in out.chunks)
         tracker = self.tracker
         for chunk in out.chunks:
             rid = chunk.request.request_id

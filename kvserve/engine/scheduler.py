@@ -90,6 +90,8 @@ class SchedulerStats:
     prefix_hit_tokens: int = 0
     external_hit_tokens: int = 0
     """Prompt tokens loaded from the external tiers instead of computed."""
+    external_query_tokens: int = 0
+    """Prompt tokens looked up in the external tiers (those past the local hit)."""
     preemptions: int = 0
     rejected: int = 0
     steps: int = 0
@@ -239,6 +241,8 @@ class Scheduler:
                 self.stats.external_hit_tokens += external
             waiting.popleft()
             manager.record_query(len(req.token_ids))
+            if self.connector is not None:
+                self.stats.external_query_tokens += len(req.token_ids) - local
             if req.num_cached_tokens < 0:
                 req.num_cached_tokens = computed
             req.num_computed_tokens = computed

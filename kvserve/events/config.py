@@ -10,7 +10,7 @@ from typing import Any
 
 @dataclass(slots=True)
 class KVEventsConfig:
-    """vLLM's keys, plus two kvserve extensions at the end.
+    """vLLM's keys, plus three kvserve extensions at the end.
 
     An endpoint containing `*` binds (the engine listens); any other connects
     (e.g. to a proxy). The replay socket always binds. Both ports are offset by
@@ -32,6 +32,9 @@ class KVEventsConfig:
     """kvserve: block hashes as u64 (vLLM's VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES); False: bytes."""
     data_parallel_rank: int = 0
     """kvserve: this engine's rank (annotates batches, offsets ports)."""
+    bind: bool | None = None
+    """kvserve: True binds `endpoint` even without a wildcard (`kvserve serve` binds
+    tcp://127.0.0.1:5557 so only this host can read prompts' token ids); None: vLLM's rule."""
 
     def __post_init__(self) -> None:
         if self.publisher is None:

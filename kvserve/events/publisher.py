@@ -83,7 +83,8 @@ class ZmqEventPublisher:
         self._pub.set_hwm(config.hwm)
         self._replay: zmq.Socket | None = None
         try:
-            if should_bind(self.endpoint):  # type: ignore[arg-type]
+            bind = config.bind if config.bind is not None else should_bind(self.endpoint)  # type: ignore[arg-type]
+            if bind:
                 self._pub.bind(self.endpoint)  # type: ignore[arg-type]
             else:
                 self._pub.connect(self.endpoint)  # type: ignore[arg-type]
@@ -133,10 +134,11 @@ class ZmqEventPublisher:
             time.sleep(0.002)
         self._stop.set()
         self._thread.join(timeout=timeout)
-        self._close_sockets()
+        # Linger: what the sender handed to ZMQ still reaches connected subscribers.
+        self._close_sockets(linger_ms=int(timeout * 1000))
 
-    def _close_sockets(self) -> None:
-        self._pub.close(linger=0)
+    def _close_sockets(self, linger_ms: int = 0) -> None:
+        self._pub.close(linger=linger_ms)
         if self._replay is not None:
             self._replay.close(linger=0)
 

@@ -1,9 +1,9 @@
 """The FastAPI application: routes, the API key check, and the small endpoints.
 
 Generation lives in completions.py; this file wires it up with /v1/models,
-/health, /version, /tokenize and /detokenize. With an API key every route but
-/health wants `Authorization: Bearer KEY` (compared in constant time), so a
-load balancer can probe a protected server.
+/health, /metrics, /version, /tokenize and /detokenize. With an API key every
+route but /health and /metrics wants `Authorization: Bearer KEY` (compared in
+constant time), so a load balancer can probe and scrape a protected server.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import hmac
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -19,7 +20,7 @@ from kvserve.serve import completions, protocol
 from kvserve.serve.errors import APIError, error_response, install_error_handlers
 from kvserve.serve.state import ServerState
 
-OPEN_PATHS = frozenset({"/health"})
+OPEN_PATHS = frozenset({"/health", "/metrics"})
 
 
 def create_app(state: ServerState) -> FastAPI:
@@ -31,7 +32,14 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/health")
     async def health() -> Response:
-        return Response(status_code=200)
+        """200 while serving; 503 once draining, so a load balancer stops sending."""
+        return Response(status_code=503 if state.draining else 200)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        if state.metrics is None:
+            raise APIError("metrics are off", 404)
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/version")
     async def version() -> dict[str, str]:

@@ -1,65 +1,45 @@
 """`POST /v1/completions` and `POST /v1/chat/completions`: one request, answered or streamed.
 
-Both run the same way: the engine thread gets the request with DELTA outputs
-(pieces of text that never split a UTF-8 character and add up to the final
-text exactly), the handler reads them from the request's asyncio queue, and
-either joins them (one JSON answer) or sends each as a Server-Sent Event. The
-first output is awaited before a stream starts, so a request the engine
-refuses is still a plain 400. A client that goes away aborts its request.
+Both run the same way: each prompt of the request goes to the engine thread
+with DELTA outputs (pieces of text that never split a UTF-8 character and add
+up to the final text exactly), all onto one asyncio queue; the handler reads
+them and either joins them (one JSON answer) or sends each as a Server-Sent
+Event. The first output of every prompt is awaited before a stream starts, so
+a request the engine refuses is still a plain 400. A client that goes away
+aborts its request. Choice `i * n + j` is prompt i's completion j (a batch of
+prompts, each with `n` completions). Response bodies are built in responses.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from kvserve.outputs import RequestOutput
-from kvserve.sampling_params import SamplingParams
 from kvserve.serve import protocol
+from kvserve.serve.engine_thread import RequestRefused, ServerStopping, Submission
 from kvserve.serve.errors import APIError
+from kvserve.serve.responses import Job, Part
 from kvserve.serve.state import ServerState
 
 DISCONNECT_POLL_SECONDS = 0.5
-
-
-@dataclass(slots=True)
-class _Job:
-    """One generation request as the handlers see it."""
-
-    request_id: str
-    chat: bool
-    model: str
-    created: int
-    outputs: asyncio.Queue[RequestOutput | BaseException]
-    first: RequestOutput
-
-    def chunk(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> str:
-        body: dict[str, Any] = {
-            "id": self.request_id,
-            "object": "chat.completion.chunk" if self.chat else "text_completion",
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-        }
-        if usage is not None:
-            body["usage"] = usage
-        return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+log = logging.getLogger("kvserve.serve")
 
 
 async def completions(request: Request, state: ServerState) -> Any:
     body = protocol.parse_json(await request.body())
     protocol.check_fields(body, protocol.COMPLETION_FIELDS)
     state.check_model(body.get("model"))
-    prompt = protocol.completion_prompt(body)
-    return await _run(request, state, body, prompt, chat=False)
+    prompts = protocol.completion_prompts(body)
+    return await _run(request, state, body, prompts, chat=False)
 
 
 async def chat_completions(request: Request, state: ServerState) -> Any:
@@ -74,150 +54,158 @@ async def chat_completions(request: Request, state: ServerState) -> Any:
         _, ids = await state.engine.call(lambda: render(tokenizer, messages))
     except ValueError as exc:  # no template, or an empty rendering: say so
         raise APIError(str(exc), param="messages") from None
-    return await _run(request, state, body, ids, chat=True)
+    return await _run(request, state, body, [ids], chat=True)
 
 
 async def _run(
-    request: Request, state: ServerState, body: dict[str, Any], prompt: Any, chat: bool
+    request: Request,
+    state: ServerState,
+    body: dict[str, Any],
+    prompts: list[str | list[int]],
+    chat: bool,
 ) -> Any:
-    params = protocol.sampling_params(body)
-    stream, include_usage = protocol.stream_flags(body)
-    job = await _start(state, prompt, params, chat)
-    if stream:
-        return StreamingResponse(
-            _events(job, state, params, include_usage), media_type="text/event-stream"
-        )
-    return JSONResponse(await _collect(request, job, state, params))
+    params = protocol.sampling_params(body, chat=chat)
+    options = protocol.response_options(body, chat=chat)
+    cache_salt = protocol.cache_salt(body)
+    state.check_admission(len(prompts))
+    job = Job(
+        request_id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
+        chat=chat,
+        model=state.served_name,
+        created=int(time.time()),
+        n=params.n,
+        options=options,
+        outputs=asyncio.Queue(),
+    )
+    if state.log_requests:
+        log.info("request %s: prompts=%r params=%r", job.request_id, prompts, params)
+    for i, prompt in enumerate(prompts):
+        engine_id = job.request_id if len(prompts) == 1 else f"{job.request_id}-{i}"
+        job.parts[engine_id] = Part(index=i)
+        state.engine.submit(Submission(engine_id, prompt, params, cache_salt), job.outputs)
+    await _first_outputs(job, state)
+    if options.echo:
+        await _echo_texts(job, state, prompts)
+    if options.stream:
+        return StreamingResponse(_events(job, state), media_type="text/event-stream")
+    return JSONResponse(await _collect(request, job, state))
 
 
-async def _start(state: ServerState, prompt: Any, params: SamplingParams, chat: bool) -> _Job:
-    """Submit, and wait for the first output: the engine's refusal is a 400, not a broken stream."""
-    request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-    outputs = state.engine.submit(request_id, prompt, params)
-    first = await outputs.get()
-    if isinstance(first, BaseException):
-        message = str(first)  # names the request id and counts, never the prompt's text
-        raise APIError(message, param="max_tokens" if "max_tokens" in message else None)
-    return _Job(request_id, chat, state.served_name, int(time.time()), outputs, first)
+async def _first_outputs(job: Job, state: ServerState) -> None:
+    """Wait until every prompt has had its first step; a refusal aborts the rest, as a 400."""
+    waiting = set(job.parts)
+    state.queued += len(waiting)
+    try:
+        while waiting:
+            item = await job.outputs.get()
+            if isinstance(item, RequestRefused):
+                # names the request and counts, never the prompt's text
+                message = str(item)
+                if len(job.parts) > 1:
+                    message = f"prompt {job.parts[item.request_id].index}: {message}"
+                raise APIError(message, param="max_tokens" if "max_tokens" in message else None)
+            if isinstance(item, ServerStopping):
+                raise APIError(str(item), 503)
+            if isinstance(item, BaseException):
+                raise APIError(str(item), 500)
+            waiting.discard(item.request_id)
+            job.early.append(item)
+    except BaseException:
+        for engine_id in job.parts:
+            state.engine.abort(engine_id)
+        raise
+    finally:
+        state.queued -= len(job.parts)
+
+
+async def _echo_texts(job: Job, state: ServerState, prompts: list[str | list[int]]) -> None:
+    """`echo`: each choice starts with its prompt's text (decoded when given as token ids)."""
+    tokenizer = state.engine.engine.tokenizer
+    for part, prompt in zip(job.parts.values(), prompts, strict=True):
+        if isinstance(prompt, str):
+            part.echo = prompt
+        elif tokenizer is None:
+            raise APIError("echo needs a tokenizer to decode token-id prompts", param="echo")
+        else:
+            ids = prompt
+            part.echo = await state.engine.call(lambda ids=ids: tokenizer.decode(ids))
 
 
 class _ClientGone(Exception):
     """Put on a request's queue when its client left: the handler stops waiting."""
 
 
-async def _watch(request: Request, job: _Job, state: ServerState) -> None:
+async def _watch(request: Request, job: Job, state: ServerState) -> None:
     """Poll for a disconnect while a plain (not streamed) request runs; abort it if so."""
     while True:
         await asyncio.sleep(DISCONNECT_POLL_SECONDS)
         if await request.is_disconnected():
-            state.engine.abort(job.request_id)
+            _abort(job, state)
             job.outputs.put_nowait(_ClientGone())
             return
 
 
-async def _outputs(job: _Job) -> AsyncIterator[RequestOutput]:
-    output: RequestOutput | BaseException = job.first
-    while True:
-        if isinstance(output, BaseException):
-            raise output
-        yield output
-        if output.finished:
-            return
-        output = await job.outputs.get()
+def _abort(job: Job, state: ServerState) -> None:
+    for engine_id, part in job.parts.items():
+        if not part.finished:
+            state.engine.abort(engine_id)
 
 
-def _usage(output: RequestOutput, generated: int) -> dict[str, Any]:
-    prompt_tokens = len(output.prompt_token_ids)
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": generated,
-        "total_tokens": prompt_tokens + generated,
-        "prompt_tokens_details": {"cached_tokens": output.num_cached_tokens},
-    }
+async def _outputs(job: Job) -> AsyncIterator[RequestOutput]:
+    """Every output of every prompt, the early ones first, until all have finished."""
+    early, job.early = job.early, []
+    unfinished = len(job.parts)
+    pending: list[RequestOutput | BaseException] = list(early)
+    while unfinished:
+        item = pending.pop(0) if pending else await job.outputs.get()
+        if isinstance(item, BaseException):
+            raise item
+        part = job.parts[item.request_id]
+        if item.finished:
+            part.finished = True
+            unfinished -= 1
+        yield item
 
 
-async def _collect(
-    request: Request, job: _Job, state: ServerState, params: SamplingParams
-) -> dict[str, Any]:
+async def _collect(request: Request, job: Job, state: ServerState) -> dict[str, Any]:
     """Join the deltas; the request is aborted if the client leaves while it runs."""
-    texts = [""] * params.n
-    finish: list[str | None] = [None] * params.n
-    generated = 0
-    last = job.first
     watcher = asyncio.create_task(_watch(request, job, state))
     try:
-        async for last in _outputs(job):
-            for c in last.outputs:
-                texts[c.index] += c.text
-                generated += len(c.token_ids)
-                finish[c.index] = c.finish_reason or finish[c.index]
+        async for output in _outputs(job):
+            job.add(output)
     except _ClientGone:
         raise APIError("the client disconnected", 499) from None
+    except ServerStopping as exc:
+        raise APIError(str(exc), 503) from None
     except RuntimeError as exc:
         raise APIError(str(exc), 500) from None
     finally:
         watcher.cancel()
-    choices: list[dict[str, Any]] = []
-    for i, text in enumerate(texts):
-        choice: dict[str, Any] = {"index": i, "finish_reason": finish[i], "logprobs": None}
-        if job.chat:
-            choice["message"] = {"role": "assistant", "content": text}
-        else:
-            choice["text"] = text
-        choices.append(choice)
-    return {
-        "id": job.request_id,
-        "object": "chat.completion" if job.chat else "text_completion",
-        "created": job.created,
-        "model": job.model,
-        "choices": choices,
-        "usage": _usage(last, generated),
-    }
+    return job.body()
 
 
-async def _events(
-    job: _Job, state: ServerState, params: SamplingParams, include_usage: bool
-) -> AsyncIterator[str]:
+async def _events(job: Job, state: ServerState) -> AsyncIterator[str]:
     """SSE chunks: (chat) the role first, each delta, finish_reason last, usage, [DONE]."""
     finished = False
-    generated = 0
-    last = job.first
     try:
-        if job.chat:
-            yield job.chunk(
-                [
-                    {
-                        "index": i,
-                        "delta": {"role": "assistant", "content": ""},
-                        "logprobs": None,
-                        "finish_reason": None,
-                    }
-                    for i in range(params.n)
-                ]
-            )
-        async for last in _outputs(job):
-            choices = []
-            for c in last.outputs:
-                generated += len(c.token_ids)
-                if not c.text and c.finish_reason is None:
-                    continue
-                choice: dict[str, Any] = {"index": c.index, "logprobs": None}
-                if job.chat:
-                    choice["delta"] = {"content": c.text} if c.text else {}
-                else:
-                    choice["text"] = c.text
-                choice["finish_reason"] = c.finish_reason
-                choices.append(choice)
-            if choices:
-                yield job.chunk(choices)
+        first = job.first_chunk()
+        if first is not None:
+            yield first
+        async for output in _outputs(job):
+            chunk = job.delta_chunk(output)
+            if chunk is not None:
+                yield chunk
         finished = True
-        if include_usage:
-            yield job.chunk([], _usage(last, generated))
+        if job.options.include_usage:
+            yield job.chunk([], job.usage())
+    except ServerStopping:
+        finished = True  # the engine already dropped it: end each open choice as aborted
+        yield job.abort_chunk()
     except RuntimeError as exc:
         finished = True
         error = {"error": {"message": str(exc), "type": "internal_server_error"}}
         yield f"data: {json.dumps(error)}\n\n"
     finally:
-        if not finished:  # the client went away (or the server stops): free the engine's work
-            state.engine.abort(job.request_id)
+        if not finished:  # the client went away: free the engine's work
+            _abort(job, state)
     yield "data: [DONE]\n\n"

@@ -17,6 +17,7 @@ _TYPES = {
     401: "authentication_error",
     404: "not_found_error",
     500: "internal_server_error",
+    503: "service_unavailable_error",
 }
 
 
@@ -24,13 +25,19 @@ class APIError(Exception):
     """An error answered with OpenAI's body; `param` names the field at fault."""
 
     def __init__(
-        self, message: str, status: int = 400, param: str | None = None, code: str | None = None
+        self,
+        message: str,
+        status: int = 400,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
         self.param = param
         self.code = code
+        self.headers = headers
 
 
 def error_body(
@@ -41,7 +48,8 @@ def error_body(
 
 
 def error_response(exc: APIError) -> JSONResponse:
-    return JSONResponse(error_body(exc.message, exc.status, exc.param, exc.code), exc.status)
+    body = error_body(exc.message, exc.status, exc.param, exc.code)
+    return JSONResponse(body, exc.status, headers=exc.headers)
 
 
 def install_error_handlers(app: FastAPI) -> None:

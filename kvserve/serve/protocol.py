@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from kvserve.sampling_params import RequestOutputKind, SamplingParams
@@ -32,10 +33,22 @@ _SAMPLING = {
     "skip_special_tokens": "skip_special_tokens",
     "include_stop_str_in_output": "include_stop_str_in_output",
 }
-_COMMON = {"model", "stream", "stream_options", "user", *_SAMPLING}
-COMPLETION_FIELDS = frozenset({*_COMMON, "prompt"})
+_COMMON = {"model", "stream", "stream_options", "user", "cache_salt", *_SAMPLING}
+COMPLETION_FIELDS = frozenset({*_COMMON, "prompt", "echo"})
 CHAT_FIELDS = frozenset({*_COMMON, "messages"})
 DEFAULT_MAX_TOKENS = 16
+MAX_BATCH_PROMPTS = 256
+
+
+@dataclass(slots=True, frozen=True)
+class ResponseOptions:
+    """How the answer is shaped (not how tokens are chosen: that is SamplingParams)."""
+
+    stream: bool = False
+    include_usage: bool = False
+    """Streaming: a last chunk with the usage (`stream_options.include_usage`)."""
+    echo: bool = False
+    """Completions: each choice's text starts with its prompt."""
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
@@ -56,7 +69,7 @@ def check_fields(body: dict[str, Any], allowed: frozenset[str]) -> None:
             raise APIError(f"unsupported field {name!r}", param=name)
 
 
-def sampling_params(body: dict[str, Any]) -> SamplingParams:
+def sampling_params(body: dict[str, Any], chat: bool = False) -> SamplingParams:
     """SamplingParams from the body's sampling fields, with DELTA outputs (streaming)."""
     kwargs: dict[str, Any] = {"max_tokens": DEFAULT_MAX_TOKENS}
     for name, ours in _SAMPLING.items():
@@ -68,34 +81,61 @@ def sampling_params(body: dict[str, Any]) -> SamplingParams:
         raise APIError(str(exc), param=_field_in(str(exc))) from None
 
 
-def stream_flags(body: dict[str, Any]) -> tuple[bool, bool]:
-    """(stream, include_usage): usage in a last chunk only when the client asks for it."""
-    stream = body.get("stream") or False
-    if not isinstance(stream, bool):
-        raise APIError("stream must be true or false", param="stream")
+def response_options(body: dict[str, Any], chat: bool = False) -> ResponseOptions:
+    """Streaming, usage and echo flags; usage in a last chunk only when the client asks."""
+    stream = _flag(body, "stream")
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise APIError("stream_options must be an object", param="stream_options")
     include = options.get("include_usage", False)
     if not isinstance(include, bool):
         raise APIError("include_usage must be true or false", param="stream_options")
-    return stream, include
+    return ResponseOptions(stream=stream, include_usage=include, echo=_flag(body, "echo"))
 
 
-def completion_prompt(body: dict[str, Any]) -> str | list[int]:
-    """One prompt: a string or a list of token ids (batches of prompts come later)."""
+def cache_salt(body: dict[str, Any]) -> str | None:
+    """vLLM's `cache_salt`: requests with different salts never share cached blocks."""
+    salt = body.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise APIError("cache_salt must be a non-empty string", param="cache_salt")
+    return salt
+
+
+def _flag(body: dict[str, Any], name: str) -> bool:
+    value = body.get(name) or False
+    if not isinstance(value, bool):
+        raise APIError(f"{name} must be true or false", param=name)
+    return value
+
+
+def completion_prompts(body: dict[str, Any]) -> list[str | list[int]]:
+    """The prompts: a string, a list of token ids, or a list of either (a batch)."""
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-        prompt = prompt[0]  # a batch of one, as clients often send it
-    if isinstance(prompt, str) and prompt:
-        return prompt
-    if (
-        isinstance(prompt, list)
-        and prompt
-        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
-    ):
-        return prompt
-    raise APIError("prompt must be a non-empty string or list of token ids", param="prompt")
+    if _is_ids(prompt) or isinstance(prompt, str):
+        prompts = [prompt]
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
+        prompts = prompt
+    else:
+        raise APIError(
+            "prompt must be a string, a list of token ids, or a list of either", param="prompt"
+        )
+    if len(prompts) > MAX_BATCH_PROMPTS:
+        raise APIError(f"at most {MAX_BATCH_PROMPTS} prompts per request", param="prompt")
+    for i, p in enumerate(prompts):
+        if not (isinstance(p, str) and p) and not _is_ids(p):
+            where = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
+            raise APIError(
+                f"{where} must be a non-empty string or list of token ids", param="prompt"
+            )
+    return prompts
+
+
+def _is_ids(value: Any) -> bool:
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+    )
 
 
 def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:

@@ -1,4 +1,8 @@
-"""What every handler shares: the engine thread, the served name, the key, the limits."""
+"""What every handler shares: the engine thread, the served name, the key, the limits.
+
+Owned by the event loop: the counters here (`queued`, `draining`) change only
+on it, so they need no lock.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,9 @@ from dataclasses import dataclass
 
 from kvserve.serve.engine_thread import EngineThread
 from kvserve.serve.errors import APIError
+from kvserve.serve.metrics import ServerMetrics
+
+RETRY_AFTER_SECONDS = 1
 
 
 @dataclass(slots=True)
@@ -17,6 +24,15 @@ class ServerState:
     """Which checkpoint runs (kvserve.default_model.ResolvedModel.description)."""
     api_key: str | None = None
     max_model_len: int | None = None
+    metrics: ServerMetrics | None = None
+    max_queued_requests: int | None = None
+    """Requests allowed to wait for their first step; beyond it a 503 (None: no limit)."""
+    log_requests: bool = False
+    """Log each request's prompt and parameters (off: logs never hold prompt text)."""
+    queued: int = 0
+    """Requests submitted that have not had their first step yet."""
+    draining: bool = False
+    """Shutting down: new requests get a 503, running ones finish."""
 
     def check_model(self, name: object) -> None:
         """A request may leave `model` out; naming another model is a 404, as OpenAI answers."""
@@ -30,3 +46,19 @@ class ServerState:
             param="model",
             code="model_not_found",
         )
+
+    def check_admission(self, num_requests: int = 1) -> None:
+        """A 503 (with Retry-After) while draining, or when the wait queue is full."""
+        if self.draining:
+            raise APIError("the server is shutting down", 503, headers=_RETRY)
+        limit = self.max_queued_requests
+        if limit is not None and self.queued + num_requests > limit:
+            raise APIError(
+                f"too many requests waiting ({self.queued}; --max-queued-requests {limit}); "
+                "retry later",
+                503,
+                headers=_RETRY,
+            )
+
+
+_RETRY = {"Retry-After": str(RETRY_AFTER_SECONDS)}

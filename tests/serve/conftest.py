@@ -38,10 +38,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(model: str, *extra: str, env: dict[str, str] | None = None) -> Server:
+def start_server(model: str | None, *extra: str, env: dict[str, str] | None = None) -> Server:
+    """`model` None serves the default model (no --model)."""
     port = free_port()
     engine = [f"--{k.replace('_', '-')}={v}" for k, v in ENGINE.items()]
-    cmd = [sys.executable, "-m", "kvserve.cli", "serve", "--model", model, "--port", str(port)]
+    cmd = [sys.executable, "-m", "kvserve.cli", "serve", "--port", str(port)]
+    if model is not None:
+        cmd += ["--model", model]
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     full_env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # this tree first
     proc = subprocess.Popen(
@@ -58,11 +61,11 @@ def start_server(model: str, *extra: str, env: dict[str, str] | None = None) -> 
             raise RuntimeError(f"kvserve serve exited: {proc.stdout.read() if proc.stdout else ''}")
         try:
             if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return Server(url, model, proc)
+                return Server(url, model or "", proc)
         except httpx.HTTPError:
             pass
         time.sleep(0.2)
-    stop_server(Server(url, model, proc))
+    stop_server(Server(url, model or "", proc))
     raise RuntimeError("kvserve serve did not become healthy in time")
 
 
@@ -77,8 +80,33 @@ def stop_server(server: Server) -> str:
     return out or ""
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def server(demo) -> Iterator[Server]:
+    """One server shared by the tests that need no special flags (each start costs seconds)."""
     srv = start_server(demo)
     yield srv
     stop_server(srv)
+
+
+def scrape(server: Server, prefix: str = "kvserve") -> dict[str, float]:
+    """/metrics as {'name{labels}': value}, for the series with `prefix`."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{server.url}/metrics", timeout=10).text
+    values = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.startswith(f"{prefix}:"):
+                labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+                values[f"{sample.name}{{{labels}}}"] = sample.value
+    return values
+
+
+def metric(values: dict[str, float], name: str, **labels: str) -> float:
+    """One series' value; `model_name` need not be given."""
+    for key, value in values.items():
+        series, _, rest = key.partition("{")
+        pairs = dict(p.split("=", 1) for p in rest.rstrip("}").split(",") if p)
+        if series == name and all(pairs.get(k) == v for k, v in labels.items()):
+            return value
+    raise KeyError(f"{name} {labels} not in /metrics: {sorted(values)[:50]}")

@@ -1,0 +1,73 @@
+"""Graceful shutdown: SIGTERM or Ctrl-C drains the server instead of dropping requests.
+
+uvicorn's own handler stops at once and re-raises the signal afterwards (so
+the process dies by it, not with exit code 0). Here the first signal starts a
+drain: new requests get a 503 and /health turns 503, running requests finish
+for up to `shutdown_timeout` seconds, what is left is aborted (its streams end
+with finish_reason "abort"), and only then does uvicorn close. A second signal
+skips the wait. The caller then stops the engine thread, which sends the last
+KV events and finishes the tiers' writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from types import FrameType
+
+import uvicorn
+
+from kvserve.serve.state import ServerState
+
+log = logging.getLogger("kvserve.serve")
+POLL_SECONDS = 0.05
+ABORT_GRACE_SECONDS = 2.0
+"""After aborting: time for the handlers to send their last chunks before connections close."""
+
+
+class DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, state: ServerState, shutdown_timeout: float):
+        super().__init__(config)
+        self.state = state
+        self.shutdown_timeout = shutdown_timeout
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._hurry = asyncio.Event()
+        self.signalled = False
+
+    async def startup(self, sockets: list | None = None) -> None:  # type: ignore[override]
+        self._loop = asyncio.get_running_loop()
+        await super().startup(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        """Runs in the main thread between the loop's callbacks: only schedule work here."""
+        loop = self._loop
+        if loop is None:  # not started yet: nothing to drain
+            self.should_exit = True
+            return
+        if self.signalled:
+            loop.call_soon_threadsafe(self._hurry.set)
+            return
+        self.signalled = True
+        loop.call_soon_threadsafe(lambda: loop.create_task(self.drain()))
+
+    async def drain(self) -> None:
+        state = self.state
+        state.draining = True
+        engine = state.engine
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.shutdown_timeout
+        if not engine.idle():
+            log.info(
+                "shutting down: waiting up to %gs for running requests (again to stop now)",
+                self.shutdown_timeout,
+            )
+        while not engine.idle() and loop.time() < deadline and not self._hurry.is_set():
+            await asyncio.sleep(POLL_SECONDS)
+        if not engine.idle():
+            log.info("shutting down: aborting the requests still running")
+            engine.abort_all()
+            grace = loop.time() + ABORT_GRACE_SECONDS
+            while not engine.idle() and loop.time() < grace:
+                await asyncio.sleep(POLL_SECONDS)
+        await asyncio.sleep(POLL_SECONDS)  # let the handlers send their last chunks
+        self.should_exit = True
