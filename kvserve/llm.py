@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import signal
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -16,6 +19,8 @@ from kvserve.outputs import RequestOutput
 from kvserve.sampling_params import RequestOutputKind, SamplingParams
 
 Prompt = str | list[int]
+OnFinished = Callable[[int, RequestOutput], None]
+"""Called with (the prompt's index in the input, its finished output)."""
 
 
 class LLM:
@@ -47,23 +52,31 @@ class LLM:
         prompts: Prompt | Sequence[Prompt],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        on_finished: OnFinished | None = None,
     ) -> list[RequestOutput]:
         """Generate for every prompt; outputs in input order.
 
         A bad prompt or parameter raises before anything runs, naming the
-        prompt, and leaves the engine as it was.
+        prompt by its index, and leaves the engine as it was. `on_finished(i,
+        output)` is called as each prompt finishes (prompt `i` of the input),
+        so a caller can show results before the batch ends. Ctrl-C (SIGINT)
+        stops between two steps: the unfinished requests are aborted, the
+        KeyboardInterrupt propagates, and the engine stays usable.
         """
-        batch = _as_prompt_list(prompts)
-        if sampling_params is None:
-            params_list = [SamplingParams()] * len(batch)
-        elif isinstance(sampling_params, SamplingParams):
-            params_list = [sampling_params] * len(batch)
-        else:
-            params_list = list(sampling_params)
-            if len(params_list) != len(batch):
-                raise ValueError(f"got {len(params_list)} sampling params for {len(batch)} prompts")
+        return self._run(_as_prompt_list(prompts), sampling_params, use_tqdm, on_finished)
+
+    def _run(
+        self,
+        batch: list[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+        use_tqdm: bool,
+        on_finished: OnFinished | None,
+        label: str = "prompt",
+    ) -> list[RequestOutput]:
+        """`generate` for prompts already listed; errors name each by `label` and index."""
+        params_list = _params_for(batch, sampling_params)
         engine = self.engine
-        ids = []
+        index: dict[str, int] = {}  # request id -> its prompt's position in `batch`
         try:
             for i, (prompt, params) in enumerate(zip(batch, params_list, strict=True)):
                 request_id = str(next(self._ids))
@@ -73,10 +86,10 @@ class LLM:
                         params = replace(params, output_kind=RequestOutputKind.FINAL_ONLY)
                     engine.add_request(request_id, prompt, params)
                 except (ValueError, TypeError) as exc:
-                    raise type(exc)(f"prompt {i}: {exc}") from None
-                ids.append(request_id)
+                    raise type(exc)(f"{label} {i}: {exc}") from None
+                index[request_id] = i
         except BaseException:
-            for request_id in ids:
+            for request_id in index:
                 engine.abort_request(request_id)
             raise
         results: dict[str, RequestOutput] = {}
@@ -84,21 +97,27 @@ class LLM:
         if use_tqdm:
             from tqdm import tqdm
 
-            bar = tqdm(total=len(ids), desc="Processed prompts", unit="req", dynamic_ncols=True)
+            bar = tqdm(total=len(index), desc="Processed prompts", unit="req", dynamic_ncols=True)
         t0 = time.perf_counter()
         generated0 = engine.stats.generated_tokens
         try:
-            while len(results) < len(ids):
-                for output in engine.step():
-                    if output.finished:
+            with _sigint_between_steps() as interrupted:
+                while len(results) < len(index):
+                    for output in engine.step():
+                        if not output.finished:
+                            continue
                         results[output.request_id] = output
                         if bar is not None:
                             elapsed = time.perf_counter() - t0
                             out_tokens = engine.stats.generated_tokens - generated0
                             bar.set_postfix_str(f"output {out_tokens / elapsed:.1f} tok/s")
                             bar.update(1)
+                        if on_finished is not None:
+                            on_finished(index[output.request_id], output)
+                    if interrupted():
+                        raise KeyboardInterrupt
         except BaseException:
-            for request_id in ids:
+            for request_id in index:
                 if request_id not in results:
                     engine.abort_request(request_id)
             raise
@@ -106,7 +125,7 @@ class LLM:
             if bar is not None:
                 bar.close()
             self.last_run_seconds = time.perf_counter() - t0
-        return [results[request_id] for request_id in ids]
+        return [results[request_id] for request_id in index]
 
     def chat(
         self,
@@ -115,13 +134,15 @@ class LLM:
         use_tqdm: bool = True,
         chat_template: str | None = None,
         add_generation_prompt: bool = True,
+        on_finished: OnFinished | None = None,
     ) -> list[RequestOutput]:
         """Generate the next assistant message of one conversation or of several.
 
         Each conversation (a list of {"role", "content"} messages) is rendered
         with the checkpoint's own chat template (or `chat_template`); a
         checkpoint without one is a ValueError. Outputs in input order, their
-        `prompt` the rendered text.
+        `prompt` the rendered text; errors and `on_finished` as in `generate`
+        (errors name the conversation).
         """
         tokenizer = self.engine.tokenizer
         rendered = []
@@ -132,7 +153,15 @@ class LLM:
                 )
             except ValueError as exc:
                 raise ValueError(f"conversation {i}: {exc}") from None
-        outputs = self.generate([ids for _, ids in rendered], sampling_params, use_tqdm)
+        report = on_finished
+        if on_finished is not None:
+
+            def report(i: int, output: RequestOutput) -> None:
+                output.prompt = rendered[i][0]
+                on_finished(i, output)
+
+        batch: list[Prompt] = [ids for _, ids in rendered]
+        outputs = self._run(batch, sampling_params, use_tqdm, report, label="conversation")
         for output, (text, _) in zip(outputs, rendered, strict=True):
             output.prompt = text
         return outputs
@@ -148,6 +177,47 @@ class LLM:
     def shutdown(self) -> None:
         """Release background resources (the KV events publisher)."""
         self.engine.shutdown()
+
+
+def _params_for(
+    batch: list[Prompt], sampling_params: SamplingParams | Sequence[SamplingParams] | None
+) -> list[SamplingParams]:
+    """One SamplingParams per prompt: the same for all, or one each."""
+    if sampling_params is None:
+        return [SamplingParams()] * len(batch)
+    if isinstance(sampling_params, SamplingParams):
+        return [sampling_params] * len(batch)
+    params_list = list(sampling_params)
+    if len(params_list) != len(batch):
+        raise ValueError(f"got {len(params_list)} sampling params for {len(batch)} prompts")
+    return params_list
+
+
+@contextlib.contextmanager
+def _sigint_between_steps() -> Iterator[Callable[[], bool]]:
+    """Keep a Ctrl-C that arrives during a step until the step ends.
+
+    A KeyboardInterrupt raised inside the model or the scheduler would leave the
+    engine half way through a step; held until the step ends, it stops the run
+    with the engine consistent. A second Ctrl-C raises at once. Only the main
+    thread may set a handler, and a handler someone else installed is kept: then
+    nothing changes.
+    """
+    main = threading.current_thread() is threading.main_thread()
+    if not main or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield lambda: False
+        return
+    seen: list[int] = []
+
+    def hold(signum: int, frame: Any) -> None:
+        seen.append(signum)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    signal.signal(signal.SIGINT, hold)
+    try:
+        yield lambda: bool(seen)
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from kvserve.cli import chat, events, generate, kv_metadata, serve, simulate
+from kvserve.cli.common import add_log_level, configure_logging
 
 
 def version() -> str:
@@ -30,14 +31,20 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in (generate, chat, serve, kv_metadata, simulate, events):
         command.add_parser(sub)
+    for command_parser in sub.choices.values():
+        add_log_level(command_parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    configure_logging(args.log_level)
     try:
         return args.func(args)
     except (ValueError, OSError) as exc:
         print(f"kvserve {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"kvserve {args.command}: interrupted", file=sys.stderr)
+        return 130

@@ -1,8 +1,12 @@
-"""What several commands share: value parsers, the help formatter, the KV events options."""
+"""What several commands share: value parsers, the help formatter, the KV events options,
+the log level."""
 
 from __future__ import annotations
 
 import argparse
+import logging
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 def positive(value: str) -> int:
@@ -36,14 +40,15 @@ def add_model_option(parser: argparse.ArgumentParser) -> None:
 
 
 class HelpFormatter(argparse.HelpFormatter):
-    """Shows a default once: not for flags, None, or help that already says its default."""
+    """Shows a default once: not for flags, None or "", or help that already says its
+    default."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
         if (
             action.option_strings
             and action.nargs != 0
-            and action.default not in (None, argparse.SUPPRESS)
+            and action.default not in (None, "", argparse.SUPPRESS)
             and "default" not in text
         ):
             return f"{text} (default: %(default)s)"
@@ -59,3 +64,25 @@ def add_kv_events_linger(group: argparse._ArgumentGroup) -> None:
         metavar="SECONDS",
         help="keep serving KV event replay and snapshots this long after the run",
     )
+
+
+def add_log_level(parser: argparse.ArgumentParser) -> None:
+    """`--log-level`: what a command shows of kvserve's own log (stderr)."""
+    parser.add_argument(
+        "--log-level",
+        type=str.lower,
+        choices=LOG_LEVELS,
+        default="info",
+        help="kvserve's log lines on stderr from this level up (other libraries': warning)",
+    )
+
+
+def configure_logging(level: str) -> None:
+    """Show kvserve's records from `level` up, other libraries' warnings, on stderr.
+
+    Only the command line does this: `import kvserve` adds no handler, so a
+    program using the library decides what its log shows (Python's default:
+    warnings only).
+    """
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kvserve").setLevel(level.upper())

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from tqdm import tqdm
 
 from kvserve.cli.common import HelpFormatter, add_kv_events_linger, add_model_option, positive
 from kvserve.cli.engine_options import add_engine_options, engine_args_from
+from kvserve.cli.prompt_ids import FLAG, HELP, read_prompt_token_ids
+
+if TYPE_CHECKING:
+    from kvserve.outputs import RequestOutput
 
 DEMO_SYSTEM = (
     "You are a concise assistant. Answer in one short sentence, and never repeat the "
@@ -44,6 +52,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="append",
         help="a prompt; repeat for several (default: a few questions that share a prefix)",
     )
+    p.add_argument(FLAG, action="append", metavar="IDS", help=HELP)
     p.add_argument(
         "--chat",
         action="store_true",
@@ -64,6 +73,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     o = p.add_argument_group("output")
     add_kv_events_linger(o)
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
+    o.add_argument(
+        "--in-order",
+        action="store_true",
+        help="print completions in prompt order, each once every earlier one is printed "
+        "(default: each as soon as it finishes)",
+    )
     p.set_defaults(func=run)
 
 
@@ -73,6 +88,11 @@ def run(args: argparse.Namespace) -> int:
 
     if args.system is not None and not args.chat:
         raise ValueError("--system needs --chat (a system message belongs to a conversation)")
+    token_prompts = None
+    if args.prompt_token_ids:
+        if args.prompt or args.chat:
+            raise ValueError(f"{FLAG} gives the prompts: not with --prompt or --chat")
+        token_prompts = read_prompt_token_ids(args.prompt_token_ids)
     params = SamplingParams(
         n=args.n,
         temperature=args.temperature,
@@ -87,34 +107,88 @@ def run(args: argparse.Namespace) -> int:
     print(f"Model: {llm.model.description}")
     if llm.model.random_weights:
         print("Its weights are RANDOM, so its completions are gibberish.")
-    print()
+    print(flush=True)
     tokenizer = llm.get_tokenizer()
-    chat = args.chat or (not args.prompt and bool(getattr(tokenizer, "chat_template", None)))
+    if tokenizer is None and token_prompts is None:
+        llm.shutdown()
+        raise ValueError(f"this checkpoint has no tokenizer: give the prompts as {FLAG}")
+    shown, conversations = _batch(args, token_prompts, tokenizer)
+    printer = _Printer(shown, args.in_order)
+    use_tqdm = not args.no_progress
+    interrupted = False
     try:
-        if chat:
-            questions = args.prompt or DEMO_QUESTIONS
-            system = args.system if args.prompt else DEMO_SYSTEM.strip()
-            head = [{"role": "system", "content": system}] if system else []
-            conversations = [[*head, {"role": "user", "content": q}] for q in questions]
-            outputs = llm.chat(conversations, params, use_tqdm=not args.no_progress)
-            shown = questions
+        if conversations is not None:
+            llm.chat(conversations, params, use_tqdm, on_finished=printer)
         else:
-            prompts = args.prompt or DEMO_PROMPTS
-            outputs = llm.generate(prompts, params, use_tqdm=not args.no_progress)
-            shown = [output.prompt for output in outputs]
+            llm.generate(shown, params, use_tqdm, on_finished=printer)
+    except KeyboardInterrupt:
+        interrupted = True
     finally:
-        if args.kv_events_config:
+        if args.kv_events_config and not interrupted:
             time.sleep(args.kv_events_linger)
         llm.shutdown()
-    for output, prompt in zip(outputs, shown, strict=True):
-        print(f"prompt: {prompt!r}")
-        for completion in output.outputs:
-            label = f"[{completion.index}] " if len(output.outputs) > 1 else ""
-            print(f"  {label}{completion.text!r}  ({completion.finish_reason})")
+    if interrupted:
+        printer.flush()
+        print(
+            f"kvserve generate: interrupted: {printer.printed} of {len(printer.shown)} prompts "
+            "finished (printed above)",
+            file=sys.stderr,
+        )
+        return 130
     print()
-    print(f"requests: {len(outputs)}  completions: {len(outputs) * args.n}")
+    print(f"requests: {printer.printed}  completions: {printer.printed * args.n}")
     _print_summary(llm.stats(), args)
     return 0
+
+
+def _batch(
+    args: argparse.Namespace, token_prompts: list[list[int]] | None, tokenizer: Any
+) -> tuple[list[Any], list[list[dict[str, str]]] | None]:
+    """(the prompts, as printed, the conversations when they run as a chat, else None)."""
+    if token_prompts is not None:
+        return token_prompts, None
+    if args.chat or (not args.prompt and bool(getattr(tokenizer, "chat_template", None))):
+        questions = args.prompt or DEMO_QUESTIONS
+        system = args.system if args.prompt else DEMO_SYSTEM.strip()
+        head = [{"role": "system", "content": system}] if system else []
+        return questions, [[*head, {"role": "user", "content": q}] for q in questions]
+    return args.prompt or DEMO_PROMPTS, None
+
+
+class _Printer:
+    """Prints each prompt's completions when it finishes (`on_finished` of LLM.generate):
+    at once, or, `in_order`, once every earlier prompt's are printed."""
+
+    def __init__(self, shown: Sequence[Any], in_order: bool) -> None:
+        self.shown = shown
+        """What each prompt is printed as: its text, the user's question, or its ids."""
+        self.in_order = in_order
+        self.printed = 0
+        self._held: dict[int, RequestOutput] = {}
+        self._next = 0
+
+    def __call__(self, index: int, output: RequestOutput) -> None:
+        if not self.in_order:
+            self._print(index, output)
+            return
+        self._held[index] = output
+        while self._next in self._held:
+            self._print(self._next, self._held.pop(self._next))
+            self._next += 1
+
+    def flush(self) -> None:
+        """Print the finished ones still held back (the run stopped before the rest)."""
+        for index in sorted(self._held):
+            self._print(index, self._held.pop(index))
+
+    def _print(self, index: int, output: RequestOutput) -> None:
+        lines = [f"prompt: {self.shown[index]!r}"]
+        for completion in output.outputs:
+            label = f"[{completion.index}] " if len(output.outputs) > 1 else ""
+            lines.append(f"  {label}{completion.text!r}  ({completion.finish_reason})")
+        tqdm.write("\n".join(lines), file=sys.stdout)
+        sys.stdout.flush()
+        self.printed += 1
 
 
 def _print_summary(stats: dict[str, Any], args: argparse.Namespace) -> None:

@@ -40,9 +40,11 @@ def run(args: argparse.Namespace) -> int:
     from kvserve.kvcache.manager import KVCacheConfig, KVCacheManager
     from kvserve.model.config import load_model_config
     from kvserve.model.layer_groups import group_layers
+    from kvserve.model.models import model_class
     from kvserve.model.runner import layer_kv_specs
 
     config = load_model_config(args.model)
+    model_class(config.architecture)  # an engine could not run it: its metadata would lie
     layout = group_layers(layer_kv_specs(config, args.block_size, torch.float32))
     manager = KVCacheManager(
         KVCacheConfig(

@@ -84,7 +84,6 @@ def run(args: argparse.Namespace) -> int:
     from kvserve.serve.metrics import EngineObserver, ServerMetrics, cache_config_info
     from kvserve.serve.state import ServerState
 
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     engine_args = engine_args_from(args)
     engine_args.kv_events_config = loopback_events(engine_args.kv_events_config)
     llm = LLM(args.model, **dataclasses.asdict(engine_args))
@@ -110,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
         create_app(state),
         host=args.host,
         port=args.port,
-        log_level="info",
+        log_level=args.log_level,
         timeout_graceful_shutdown=5,
     )
     server = DrainingServer(config, state, args.shutdown_timeout)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 from kvserve.cli.common import HelpFormatter, add_kv_events_linger, positive
@@ -77,14 +78,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     k.add_argument(
         "--model-spec",
         choices=["full", "gemma3-like", "mamba-hybrid-like"],
-        default="full",
-        help="KV cache groups of the simulated model: full attention only; Gemma 3's "
-        "full-attention group plus two sliding-window groups (window 1024); or a Bamba-like "
-        "attention group plus three Mamba2 state groups (attention blocks inflated 4x)",
+        help="KV cache groups of the simulated model: full attention only (the default); "
+        "Gemma 3's full-attention group plus two sliding-window groups (window 1024); or a "
+        "Bamba-like attention group plus three Mamba2 state groups (attention blocks "
+        "inflated 4x)",
     )
     k.add_argument(
         "--groups",
-        help="explicit groups instead of --model-spec, comma separated: "
+        help="explicit groups instead of --model-spec (not with it), comma separated: "
         "'full', 'sliding:<window>' or 'mamba:<state page in hash blocks>', "
         "e.g. full,sliding:512 or full,mamba:4",
     )
@@ -117,7 +118,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_kv_events_linger(k)
     o = p.add_argument_group("output")
     o.add_argument(
-        "--check", action="store_true", help="verify every design.md invariant after every step"
+        "--check",
+        action="store_true",
+        help="verify every design.md invariant after every step (the report says they held)",
     )
     o.add_argument("--json", type=Path, metavar="PATH", help="also write the report as JSON")
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -171,9 +174,13 @@ def run(args: argparse.Namespace) -> int:
     from kvserve.simulate.report import format_report
     from kvserve.simulate.simulator import MODEL_SPECS, SimConfig, simulate
 
+    if args.model_spec is not None and args.groups is not None:
+        raise ValueError("--model-spec and --groups both give the KV cache groups: pass one")
+    if args.json is not None:
+        _check_writable(args.json, "--json")
     workload = _workload(args)
-    groups = MODEL_SPECS[args.model_spec]
-    if args.groups:
+    groups = MODEL_SPECS[args.model_spec or "full"]
+    if args.groups is not None:
         groups = tuple(part.strip() for part in args.groups.split(",") if part.strip())
         if not groups:
             raise ValueError(f"--groups {args.groups!r} names no group: use e.g. full,sliding:512")
@@ -200,6 +207,18 @@ def run(args: argparse.Namespace) -> int:
     ) as bar:
         report = simulate(workload, config, progress=bar.update)
     print(format_report(report))
+    if args.check:
+        print(f"checks: every invariant held after each of the {report['steps']:,} steps")
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     return 0
+
+
+def _check_writable(path: Path, flag: str) -> None:
+    """Fail before the run, not after it, when the report could not be written."""
+    if path.is_dir():
+        raise ValueError(f"{flag} {path}: is a directory")
+    if not path.parent.is_dir():
+        raise ValueError(f"{flag} {path}: {path.parent} is not a directory")
+    if not os.access(path if path.exists() else path.parent, os.W_OK):
+        raise ValueError(f"{flag} {path}: not writable")

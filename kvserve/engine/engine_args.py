@@ -44,7 +44,11 @@ class EngineArgs:
         metadata=_help("reuse the cached KV blocks of equal prefixes; False: compute every "
                        "prompt token"),
     )  # fmt: skip
-    dtype: str = field(default="auto", metadata=_help("auto: float32 on the CPU, bfloat16 on CUDA"))
+    dtype: str = field(
+        default="auto",
+        metadata=_help("auto: float32 on the CPU, bfloat16 on CUDA; float16 on the CPU is "
+                       "many times slower (a warning says so): use bfloat16 there"),
+    )  # fmt: skip
     seed: int = field(
         default=0, metadata=_help("seed of the sampler for requests without their own seed")
     )

@@ -150,15 +150,11 @@ class LLMEngine:
         prompt_text, token_ids = self._tokenize(prompt)
         bad = [t for t in token_ids if not (0 <= t < self._vocab_size)]
         if bad:
-            raise ValueError(
-                f"request {request_id}: token ids {bad[:5]} outside the vocabulary "
-                f"[0, {self._vocab_size})"
-            )
+            raise ValueError(f"token ids {bad[:5]} outside the vocabulary [0, {self._vocab_size})")
         outside = [t for t in params.logit_bias or () if t >= self._vocab_size]
         if outside:
             raise ValueError(
-                f"request {request_id}: logit_bias token id {outside[0]} is outside the "
-                f"vocabulary [0, {self._vocab_size})"
+                f"logit_bias token id {outside[0]} is outside the vocabulary [0, {self._vocab_size})"
             )
         sequences = []
         for index in range(params.n):

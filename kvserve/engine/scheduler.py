@@ -123,10 +123,13 @@ class Scheduler:
     # -- requests ---------------------------------------------------------------
 
     def add_request(self, request: Request) -> None:
-        """Queue a request; raises ValueError (and keeps nothing) if it can never run."""
+        """Queue a request; raises ValueError (and keeps nothing) if it can never run.
+
+        The message says why, not which request: the caller knows which it added,
+        and names it the way its user does (LLM.generate: the prompt's index)."""
         reason = self._never_fits(request)
         if reason:
-            raise ValueError(f"request {request.request_id}: {reason}")
+            raise ValueError(reason)
         self.stop_checker.prepare(request)
         t0 = time.perf_counter()
         self.manager.add_request(

@@ -46,6 +46,10 @@ from kvserve.model.tokenizer import load_tokenizer
 logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+CPU_FLOAT16_WARNING = (
+    "dtype float16 on the CPU decodes far slower than float32 or bfloat16 (the CPU has "
+    "few float16 kernels): use bfloat16 for half the memory of float32"
+)
 
 
 def default_device() -> torch.device:
@@ -142,6 +146,8 @@ class ModelRunner:
         holding one (kvserve.model.checkpoint resolves it wherever it is read)."""
         self.device = torch.device(device) if device else default_device()
         self.dtype = resolve_dtype(dtype, self.device)
+        if self.dtype == torch.float16 and self.device.type == "cpu":
+            logger.warning(CPU_FLOAT16_WARNING)
         if self.device.type == "cpu":
             torch.set_num_threads(num_threads or _env_threads() or os.cpu_count() or 1)
         self.model, self.config = load_model(self.model_dir, self.dtype, self.device)

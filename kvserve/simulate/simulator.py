@@ -135,7 +135,7 @@ def _run(
                 engine.add_request(sim_req.request_id, list(sim_req.prompt_token_ids), params)
             except ValueError as exc:
                 rejected += 1
-                errors.append(str(exc))
+                errors.append(f"request {sim_req.request_id}: {exc}")
                 continue
             source[sim_req.request_id] = sim_req
         if not engine.has_unfinished_requests():

@@ -45,7 +45,8 @@ def test_turns_keep_the_conversation_and_hit_the_prefix_cache(demo):
 
 
 def test_a_model_without_a_chat_template_is_one_line(checkpoints):
-    proc = chat(["--model", checkpoints["qwen3"].path], "hi\n")
+    # --log-level warning: without it the KV cache's INFO line comes first (the model loaded).
+    proc = chat(["--model", checkpoints["qwen3"].path, "--log-level", "warning"], "hi\n")
     assert proc.returncode == 2
     assert "chat template" in proc.stderr or "no tokenizer" in proc.stderr
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1

@@ -122,9 +122,9 @@ def test_generate_hands_the_engine_args_to_llm(monkeypatch, capsys):
             self.model = ResolvedModel(model, model)
 
         def get_tokenizer(self):
-            return None
+            return object()  # text prompts are allowed
 
-        def generate(self, prompts, params, use_tqdm):
+        def generate(self, prompts, params, use_tqdm, on_finished):
             seen["sampling_seed"] = params.seed
             raise ValueError("stop here")
 

@@ -65,7 +65,9 @@ def _option_entries(help_text: str) -> list[str]:
     return [entry for entry in entries if entry]
 
 
-@pytest.mark.parametrize("command", ["generate", "simulate", "kv-metadata", "events"])
+@pytest.mark.parametrize(
+    "command", ["generate", "chat", "serve", "simulate", "kv-metadata", "events"]
+)
 def test_help_says_each_default_once(command):
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command").choices[command]

@@ -47,7 +47,8 @@ def test_demo_model_by_name(tmp_path):
     with torch.no_grad():
         ref = model.generate(ids, do_sample=False, max_new_tokens=5, pad_token_id=0)
     expected = tokenizer.decode(ref[0, ids.shape[1] :], skip_special_tokens=True)
-    first = out.split("prompt: ")[1].splitlines()[1].strip()
+    # Printed as each finishes: find the first question's completion by its prompt.
+    first = out.split(f"prompt: {DEMO_QUESTIONS[0]!r}")[1].splitlines()[1].strip()
     assert ast.literal_eval(first.rsplit("  (", 1)[0]) == expected
 
 

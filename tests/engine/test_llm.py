@@ -1,5 +1,7 @@
 """LLM.generate on real tiny checkpoints: token-exact with transformers, whatever the cache does."""
 
+import signal
+
 import pytest
 import torch
 
@@ -200,3 +202,49 @@ def test_step_api_and_abort(checkpoints):
     assert list(done) == ["b"]
     assert done["b"].outputs[0].token_ids == ck.reference(prompt(6), NEW)
     assert engine.manager.pool.num_used == 0
+
+
+def test_errors_name_the_prompt_not_the_request(checkpoints):
+    llm = make(checkpoints["qwen3"], max_model_len=64)
+    llm.generate([prompt(5)], GREEDY, use_tqdm=False)  # request ids 0..: the next is not 0
+    with pytest.raises(ValueError) as info:
+        llm.generate([prompt(5), [1, 2, 99999]], GREEDY, use_tqdm=False)
+    assert str(info.value) == "prompt 1: token ids [99999] outside the vocabulary [0, 320)"
+    two = SamplingParams(n=2, temperature=0, max_tokens=NEW)
+    with pytest.raises(ValueError) as info:
+        llm.generate([prompt(60)], two, use_tqdm=False)
+    assert str(info.value) == (
+        f"prompt 0: prompt (60 tokens) + max_tokens ({NEW}) exceeds max_model_len (64)"
+    )
+    out = llm.generate([prompt(5)], GREEDY, use_tqdm=False)
+    assert out[0].outputs[0].token_ids == checkpoints["qwen3"].reference(prompt(5), NEW)
+
+
+def test_on_finished_and_ctrl_c_between_steps(checkpoints):
+    ck = checkpoints["llama"]
+    batch = [prompt(5), prompt(5, salt=1), prompt(5, salt=2)]
+    seen = []
+
+    def on_finished(i, output):
+        seen.append((i, output.outputs[0].token_ids))
+        if len(seen) == 1:
+            signal.raise_signal(signal.SIGINT)  # Ctrl-C while the engine is mid-run
+
+    # All three finish in the same step: the Ctrl-C waits until that step is handed over.
+    llm = make(ck)
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate(batch, GREEDY, use_tqdm=False, on_finished=on_finished)
+    assert seen == [(i, ck.reference(p, NEW)) for i, p in enumerate(batch)]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    # One at a time: prompt 0 finishes, Ctrl-C stops the run before the next step.
+    llm = make(ck, max_num_seqs=1)
+    seen.clear()
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate(batch, GREEDY, use_tqdm=False, on_finished=on_finished)
+    assert seen == [(0, ck.reference(batch[0], NEW))]
+    # The rest was aborted between steps: every block back, the engine usable.
+    assert not llm.engine.has_unfinished_requests()
+    assert llm.engine.manager.pool.num_used == 0
+    order = []
+    outs = llm.generate(batch, GREEDY, use_tqdm=False, on_finished=lambda i, o: order.append(i))
+    assert order == [0, 1, 2] and tokens(outs) == [ck.reference(p, NEW) for p in batch]

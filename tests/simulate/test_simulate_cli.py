@@ -271,3 +271,39 @@ def test_mamba_hybrid_like_small_workloads_with_checks(tmp_path, workload):
         assert r["prefill_tokens_computed"] == r["ideal_prefill_tokens"]
     if workload != "random":
         assert r["prefix_hit_tokens"] > 0
+
+
+def run_cli(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "kvserve.cli", "simulate", "--no-progress", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def assert_one_line_error(proc, *names):
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert all(name in proc.stderr for name in names), proc.stderr
+    assert proc.stdout == ""  # refused before the run: no report
+
+
+def test_an_unwritable_json_path_fails_before_the_run(tmp_path):
+    missing = tmp_path / "no-such-dir" / "r.json"
+    assert_one_line_error(run_cli("--json", str(missing)), f"--json {missing}", "not a directory")
+    assert_one_line_error(run_cli("--json", str(tmp_path)), f"--json {tmp_path}", "directory")
+
+
+def test_model_spec_and_groups_together_are_refused():
+    proc = run_cli("--model-spec", "gemma3-like", "--groups", "full,sliding:512")
+    assert_one_line_error(proc, "--model-spec", "--groups")
+
+
+def test_check_says_the_invariants_held(tmp_path):
+    args = ["--workload", "multi-turn", *SMALL["multi-turn"]]
+    proc = run_cli(*args, "--check", "--json", str(tmp_path / "r.json"))
+    assert proc.returncode == 0, proc.stderr
+    steps = json.loads((tmp_path / "r.json").read_text())["steps"]
+    assert f"checks: every invariant held after each of the {steps:,} steps" in proc.stdout
+    assert "checks:" not in run_cli(*args).stdout
