@@ -154,7 +154,8 @@ class LLMEngine:
         outside = [t for t in params.logit_bias or () if t >= self._vocab_size]
         if outside:
             raise ValueError(
-                f"logit_bias token id {outside[0]} is outside the vocabulary [0, {self._vocab_size})"
+                f"logit_bias token id {outside[0]} is outside the vocabulary "
+                f"[0, {self._vocab_size})"
             )
         sequences = []
         for index in range(params.n):
