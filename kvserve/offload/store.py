@@ -43,6 +43,8 @@ class TierStack:
         self.bytes_saved = 0
         """Payload bytes of the blocks that landed in at least one tier."""
         self._lock = threading.Lock()
+        self._counts_lock = threading.Lock()
+        """For the counters only: the engine thread never waits on a disk write for them."""
         self._causes: set[tuple[str, str]] = set()
         """(tier, cause) of the drops logged so far: each cause is logged once."""
         # Memory tiers are written at once; the rest (disk) from a background thread.
@@ -102,12 +104,12 @@ class TierStack:
         return True
 
     def _saved(self, size: int) -> None:
-        with self._lock:
+        with self._counts_lock:
             self.bytes_saved += size
 
     def _drop(self, tier: Tier, cause: str, detail: str) -> None:
         name = f"disk tier {tier.path}" if isinstance(tier, DiskTier) else f"{tier.medium} tier"
-        with self._lock:
+        with self._counts_lock:
             self.dropped_writes += 1
             first = (name, cause) not in self._causes
             self._causes.add((name, cause))
