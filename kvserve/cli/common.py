@@ -18,16 +18,14 @@ def positive(value: str) -> int:
 
 
 def parse_bytes(value: str) -> int:
-    """'8GiB', '512MiB', '1.5GB', '1000000' -> bytes (kvserve.offload.parse_size)."""
-    from kvserve.offload.options import parse_size
+    """'8GiB', '512MiB', '1.5GB', '1000000' -> bytes (kvserve.offload.options.size_bytes,
+    which `EngineArgs` uses too: one reader of sizes)."""
+    from kvserve.offload.options import size_bytes
 
     try:
-        size = parse_size(value)
+        return size_bytes(value)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-    if size <= 0:
-        raise argparse.ArgumentTypeError(f"size must be positive, got {value!r}")
-    return size
 
 
 def add_model_option(parser: argparse.ArgumentParser) -> None:

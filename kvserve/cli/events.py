@@ -11,7 +11,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="watch an engine's KV cache events",
         description=(
             "Subscribe to an engine's KV cache events, print each one and the size of the "
-            "prefix index built from them. Recovers from gaps by replay or a snapshot."
+            "prefix index built from them. Recovers from gaps by replay or a snapshot. Until "
+            "an engine answers on its replay endpoint it waits (saying so once); with "
+            "--duration, no engine by then is an error."
         ),
     )
     p.add_argument("--connect", required=True, help="the engine's PUB endpoint, tcp://host:port")
@@ -20,12 +22,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="the engine's replay endpoint (default: the --connect port + 1)",
     )
     p.add_argument("--topic", default="", help="topic to subscribe to")
-    p.add_argument("--duration", type=float, help="stop after this many seconds")
+    p.add_argument(
+        "--duration", type=float, help="stop after this many seconds (default: until Ctrl-C)"
+    )
     p.add_argument("--quiet", action="store_true", help="print only the index size")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvserve.events.subscriber import ReplayUnavailable
     from kvserve.events.watch import watch
 
     replay = args.replay
@@ -36,5 +41,8 @@ def run(args: argparse.Namespace) -> int:
                 f"cannot derive a replay endpoint from {args.connect!r}: pass --replay"
             )
         replay = f"{base}:{int(port) + 1}"
-    watch(args.connect, replay, topic=args.topic, duration=args.duration, quiet=args.quiet)
+    try:
+        watch(args.connect, replay, topic=args.topic, duration=args.duration, quiet=args.quiet)
+    except ReplayUnavailable as exc:
+        raise ConnectionError(str(exc)) from None  # an OSError: one line, exit status 2
     return 0

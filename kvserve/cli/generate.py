@@ -205,11 +205,13 @@ def _print_summary(stats: dict[str, Any], args: argparse.Namespace) -> None:
     rate = stats["prefix_hit_tokens"] / hit_total if hit_total else 0.0
     print(f"prefix cache: {stats['prefix_hit_tokens']} hit tokens ({rate:.1%} of prefill)")
     if args.offload:
+        dropped = stats["offload_dropped_writes"]
         print(
             f"offload: {stats['external_hit_tokens']} tokens loaded from the tiers "
             f"({stats['offload_bytes_loaded'] / 2**20:.1f} MiB in "
             f"{stats['offload_load_seconds']:.3f} s), "
             f"{stats['offload_bytes_saved'] / 2**20:.1f} MiB saved"
+            + (f", {dropped} block writes dropped" if dropped else "")
         )
     print(
         f"KV blocks: peak {stats['peak_blocks_used']} of {stats['num_kv_blocks']} "

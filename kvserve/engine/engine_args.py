@@ -26,10 +26,10 @@ class EngineArgs:
         default=None,
         metadata=_help("KV blocks (default: sized from available memory, capped, and logged)"),
     )
-    kv_cache_memory: int | None = field(
+    kv_cache_memory: int | str | None = field(
         default=None,
-        metadata=_help("KV cache size in bytes, instead of num_kv_blocks; the command line "
-                       "takes e.g. 2GiB"),
+        metadata=_help("KV cache size instead of num_kv_blocks: bytes, or a size such as "
+                       "2GiB or 512MB (the units of --offload)"),
     )  # fmt: skip
     max_num_seqs: int = field(default=256, metadata=_help("max running requests"))
     max_num_batched_tokens: int = field(
@@ -53,7 +53,7 @@ class EngineArgs:
         default=0, metadata=_help("seed of the sampler for requests without their own seed")
     )
     device: str | None = field(
-        default=None, metadata=_help("cpu or cuda (default: cuda when available)")
+        default=None, metadata=_help("cpu, cuda or cuda:N (default: cuda when available)")
     )
     hash_fn: str = field(default="sha256", metadata=_help("block hash function"))
     hash_seed: int = field(
@@ -75,3 +75,19 @@ class EngineArgs:
         metadata=_help("external KV tiers below the pool, e.g. cpu:8GiB,disk:/path/to/dir:50GiB "
                        "(either alone); a disk tier persists across runs; default: off"),
     )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        """Check what can be checked before a model is loaded (a bad value is a ValueError
+        naming it, on the command line as in Python); `kv_cache_memory` becomes bytes."""
+        if self.kv_cache_memory is not None:
+            from kvserve.offload.options import size_bytes  # the --offload sizes' parser
+
+            self.kv_cache_memory = size_bytes(self.kv_cache_memory, "kv_cache_memory")
+        if self.device is not None:
+            from kvserve.model.device import resolve_device  # torch only when a device is named
+
+            resolve_device(self.device)
+        if self.kv_events_config is not None:
+            from kvserve.events.config import KVEventsConfig
+
+            KVEventsConfig.from_any(self.kv_events_config)  # the engine reads it again

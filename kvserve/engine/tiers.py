@@ -15,6 +15,7 @@ from typing import Any
 
 from kvserve.engine.engine_args import EngineArgs
 from kvserve.engine.scheduler import SchedulerOutput
+from kvserve.kvcache.hashing import HASH_FUNCTIONS
 from kvserve.kvcache.manager import KVCacheManager
 
 
@@ -34,7 +35,7 @@ class EngineTiers:
     def __init__(self, runner: Any, args: EngineArgs) -> None:
         from kvserve.model.kv_io import KVBlockIO, kv_fingerprint
         from kvserve.offload.build import build_store
-        from kvserve.offload.connector import OffloadConnector
+        from kvserve.offload.connector import OffloadConnector, block_key
 
         if not args.enable_prefix_caching:
             raise ValueError("offload needs prefix caching (its keys are the block hashes)")
@@ -48,10 +49,17 @@ class EngineTiers:
             args.hash_fn,
             args.hash_seed,
         )
-        store = build_store(args.offload, fingerprint)
-        atexit.register(store.close)  # queued disk writes land before the process exits
         layout = runner.layer_groups
         self.block_io = KVBlockIO(runner.kv_tensors, layout.layer_group, layout.layer_slot)
+        # The largest payload one key stores: a hash block of an attention group, or a
+        # state group's whole page. A tier that cannot hold it is refused at start.
+        largest = max(
+            self.block_io.payload_bytes(g, None if spec.kind == "mamba" else args.block_size)
+            for g, spec in enumerate(runner.kv_cache_specs)
+        )
+        key_bytes = len(block_key(0, HASH_FUNCTIONS[args.hash_fn](b"")))
+        store = build_store(args.offload, fingerprint, largest, key_bytes)
+        atexit.register(store.close)  # queued disk writes land before the process exits
         self.connector = OffloadConnector(store, runner.kv_cache_specs, args.block_size)
 
     def load(self) -> None:
@@ -72,7 +80,7 @@ class EngineTiers:
         c = self.connector.stats
         return {
             "offload_bytes_loaded": c.bytes_loaded,
-            "offload_bytes_saved": c.bytes_saved,
+            "offload_bytes_saved": self.connector.store.bytes_saved,
             "offload_load_seconds": c.load_seconds,
             "offload_save_seconds": c.save_seconds,
             "offload_dropped_writes": self.connector.store.dropped_writes,

@@ -37,6 +37,7 @@ class KVEventsConfig:
     tcp://127.0.0.1:5557 so only this host can read prompts' token ids); None: vLLM's rule."""
 
     def __post_init__(self) -> None:
+        _check_types(self)
         if self.publisher is None:
             self.publisher = "zmq" if self.enable_kv_cache_events else "null"
         if self.publisher not in ("zmq", "null"):
@@ -63,6 +64,11 @@ class KVEventsConfig:
                 value = json.loads(value)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"kv_events_config is not valid JSON: {exc}") from None
+            if not isinstance(value, dict):
+                raise ValueError(
+                    "kv_events_config must be a JSON object of vLLM's keys, e.g. "
+                    f'{{"enable_kv_cache_events": true}}, got {_json_kind(value)}'
+                )
         if not isinstance(value, dict):
             raise TypeError("kv_events_config must be a dict, a KVEventsConfig or JSON text")
         known = {f.name for f in dataclasses.fields(cls)}
@@ -70,6 +76,42 @@ class KVEventsConfig:
         if unknown:
             raise ValueError(f"kv_events_config: unknown keys {unknown}; known: {sorted(known)}")
         return cls(**value)
+
+
+_KINDS: dict[str, tuple[type, ...]] = {
+    "bool": (bool,),
+    "int": (int,),
+    "str": (str,),
+    "str | None": (str, type(None)),
+}
+_KIND_NAMES = {
+    "bool": "true or false",
+    "int": "an integer",
+    "str": "a string",
+    "str | None": "a string or null",
+}
+
+
+def _check_types(config: KVEventsConfig) -> None:
+    """Each key's value has its field's type: "yes" is not a bool, 1.5 is not an int.
+
+    JSON and Python spell the same values, so both are checked here; a bool is not
+    accepted as an integer either (JSON's true is no buffer size).
+    """
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        kinds = _KINDS[f.type]  # type: ignore[index]  # annotations are strings here
+        wrong = isinstance(value, bool) and bool not in kinds
+        if wrong or not isinstance(value, kinds):
+            raise ValueError(
+                f"kv_events_config: {f.name} must be {_KIND_NAMES[f.type]}, "  # type: ignore[index]
+                f"got {value!r}"
+            )
+
+
+def _json_kind(value: Any) -> str:
+    names = {list: "an array", int: "a number", float: "a number", bool: "a boolean"}
+    return names.get(type(value), "a string" if isinstance(value, str) else "null")
 
 
 def offset_endpoint_port(endpoint: str | None, rank: int) -> str | None:

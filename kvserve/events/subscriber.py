@@ -68,11 +68,15 @@ class KVEventSubscriber:
             self._dealer = ctx.socket(zmq.DEALER)
             self._dealer.setsockopt(zmq.LINGER, 0)
             self._dealer.connect(replay_endpoint)
-        if metadata is None:
-            metadata = self.fetch_metadata()
-        self.view = self.index.add_engine(self.engine, metadata)
-        if sync and self._dealer is not None:
-            self.catch_up()  # history from batch 0 if still buffered, else a snapshot
+        try:
+            if metadata is None:
+                metadata = self.fetch_metadata()
+            self.view = self.index.add_engine(self.engine, metadata)
+            if sync and self._dealer is not None:
+                self.catch_up()  # history from batch 0 if still buffered, else a snapshot
+        except BaseException:
+            self.close()  # a watcher retries every second: no sockets left behind
+            raise
 
     # -- requests on the replay socket -----------------------------------------
 

@@ -40,8 +40,13 @@ def watch(
     duration: float | None = None,
     quiet: bool = False,
     out: Callable[[str], None] = print,
-) -> KVEventSubscriber:
-    """Follow one engine until `duration` seconds pass (None: until interrupted)."""
+) -> KVEventSubscriber | None:
+    """Follow one engine until `duration` seconds pass (None: until interrupted).
+
+    Until an engine answers on `replay` it waits, saying so once; when `duration`
+    passes first, ReplayUnavailable says that no engine answered. Interrupted while
+    waiting: None.
+    """
     start = time.monotonic()
 
     def on_batch(seq: int, batch: KVEventBatch) -> None:
@@ -52,22 +57,39 @@ def watch(
         if view is not None:
             out(f"[{seq}] index: {view.num_blocks} blocks for {connect}")
 
+    def time_left() -> bool:
+        return duration is None or time.monotonic() - start < duration
+
     sub: KVEventSubscriber | None = None
-    while sub is None:
-        try:
-            sub = KVEventSubscriber(
-                connect, replay, topic=topic, on_batch=on_batch, request_timeout=1.0
-            )
-        except ReplayUnavailable:
-            if duration is not None and time.monotonic() - start > duration:
-                raise
-            out(f"waiting for an engine at {replay} ...")
+    waiting = False
+    try:
+        while sub is None:
+            try:
+                sub = KVEventSubscriber(
+                    connect, replay, topic=topic, on_batch=on_batch, request_timeout=1.0
+                )
+            except ReplayUnavailable:
+                if not time_left():
+                    raise ReplayUnavailable(
+                        f"no engine answered at {replay} (the replay endpoint of {connect}) "
+                        f"within {duration:g} s"
+                    ) from None
+                if not waiting:
+                    out(f"waiting for an engine at {connect} (no answer at {replay} yet) ...")
+                    waiting = True
+    except KeyboardInterrupt:
+        return None
     out(f"following {connect}: index {sub.view.num_blocks} blocks, after batch {sub.last_seq}")
     try:
-        while duration is None or time.monotonic() - start < duration:
-            sub.poll(0.2)
+        while time_left():
+            try:
+                sub.poll(0.2)
+            except ReplayUnavailable as exc:  # the engine went away in the middle of a gap
+                out(f"{exc}: the next batch retries")
     except KeyboardInterrupt:
         pass
+    finally:
+        sub.close()
     out(
         f"index: {sub.view.num_blocks} blocks; last batch {sub.last_seq}; gaps {sub.gaps}, "
         f"replays {sub.replays}, resyncs {sub.resyncs}"

@@ -43,6 +43,11 @@ class KVBlockIO:
             parts.append(v[block, rows])
         return parts
 
+    def payload_bytes(self, group: int, num: int | None = None) -> int:
+        """The size of what `read(group, block, offset, num)` returns, without reading."""
+        rows = slice(0, num)
+        return sum(p.numel() * p.element_size() for p in self._parts(group, 0, rows))
+
     def read(self, group: int, block: int, offset: int = 0, num: int | None = None) -> bytes:
         """K/V of slots [offset, offset + num) of `block` (all of it when num is None)."""
         rows = slice(offset, None if num is None else offset + num)

@@ -31,6 +31,7 @@ from kvserve.kvcache.specs import (
 )
 from kvserve.model.attention import AttentionMetadata
 from kvserve.model.config import ModelConfig
+from kvserve.model.device import resolve_device
 from kvserve.model.kv_memory import (
     allocate_kv_caches,
     default_kv_cache_memory,
@@ -144,7 +145,7 @@ class ModelRunner:
         self.model_dir = Path(model_dir)
         """The checkpoint as given: a Hugging Face directory, a .gguf file, or a directory
         holding one (kvserve.model.checkpoint resolves it wherever it is read)."""
-        self.device = torch.device(device) if device else default_device()
+        self.device = default_device() if device is None else resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         if self.dtype == torch.float16 and self.device.type == "cpu":
             logger.warning(CPU_FLOAT16_WARNING)

@@ -41,7 +41,6 @@ class BlockIO(Protocol):
 class OffloadStats:
     external_hit_tokens: int = 0
     bytes_loaded: int = 0
-    bytes_saved: int = 0
     load_seconds: float = 0.0
     save_seconds: float = 0.0
 
@@ -208,7 +207,8 @@ class OffloadConnector:
         self.stats.load_seconds += time.perf_counter() - t0
 
     def save(self, io: BlockIO, plan: StepPlan, record: Any) -> None:
-        """Offer what a step computed for one request to the tiers.
+        """Offer what a step computed for one request to the tiers (the store counts
+        what lands: `TierStack.bytes_saved`).
 
         Full hash blocks of every attention group, and the state snapshots the
         step took (the plan's state plans). `record` has the request's
@@ -234,7 +234,6 @@ class OffloadConnector:
                     continue
                 data = io.read(g.group_id, block_id, (i % k) * hb, hb)
                 self.store.put(key, data, record, i)
-                self.stats.bytes_saved += len(data)
         saved.num_blocks = max(saved.num_blocks, full)
         state_plans = plan.state_plans or []
         for g in self.states:
@@ -246,7 +245,6 @@ class OffloadConnector:
                     continue
                 data = io.read(g.group_id, page)
                 self.store.put(key, data, record, i)
-                self.stats.bytes_saved += len(data)
         self.stats.save_seconds += time.perf_counter() - t0
 
     def close(self) -> None:

@@ -24,6 +24,11 @@ class CpuTier:
         self._blocks: OrderedDict[bytes, bytes] = OrderedDict()  # least recently used first
         self._lock = threading.Lock()
 
+    @staticmethod
+    def stored_size(key_bytes: int, payload_bytes: int) -> int:
+        """What one block counts against the capacity: its payload."""
+        return payload_bytes
+
     def contains(self, key: bytes) -> bool:
         with self._lock:
             return key in self._blocks

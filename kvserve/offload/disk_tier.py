@@ -1,14 +1,7 @@
 """Disk tier: one file per KV block in a directory that several engines may share.
 
-A file is named `<first 8 fingerprint bytes, hex>-<key hex>.kvb` and holds a header and the
-payload. The header is packed with `struct`, little-endian (never pickle: loading a pickle
-runs code):
-
-    magic b"KVSRVBLK" | format version u16 | fingerprint 32 B | key length u16 | key
-    | payload length u64 | xxh3_128 digest of the payload (16 B)
-
-The fingerprint identifies model, dtype, KV layout and hash settings: bytes written under
-another one are not this engine's KV, whatever their name says, so it is compared in full.
+Each file is named `<first 8 fingerprint bytes, hex>-<key hex>.kvb`; its format (a
+header with the model's fingerprint and a checksum, then the payload) is block_file.py's.
 
 Semantics, and why:
 
@@ -41,6 +34,10 @@ Semantics, and why:
   put reporting it. contains() stats the file, so it also sees blocks other processes
   wrote; keys() lists what this tier accounts for.
 - Temp files older than a minute are crash leftovers and are removed at start.
+- Failures. A path that is a file, or a directory that cannot be created or listed, is a
+  ValueError at start that says so. A write that fails later (read-only or full disk)
+  raises OSError from put: the TierStack counts it and logs each cause once. A directory
+  removed while the engine runs is created again by the next write.
 """
 
 from __future__ import annotations
@@ -49,68 +46,25 @@ import contextlib
 import logging
 import os
 import secrets
-import struct
 import threading
 import time
 from collections import OrderedDict
 from typing import BinaryIO
 
-import xxhash
+from kvserve.offload.block_file import (
+    FINGERPRINT_BYTES,
+    BadBlockFile,
+    encode_header,
+    file_size,
+    read_block,
+)
 
 logger = logging.getLogger(__name__)
 
-MAGIC = b"KVSRVBLK"
-FORMAT_VERSION = 1
-FINGERPRINT_BYTES = 32
 MAX_KEY_BYTES = 100  # 200 hex digits: the name (and its temp name) stay under 255 bytes
 STALE_TMP_SECONDS = 60.0
 SUFFIX = ".kvb"
 TMP_SUFFIX = ".tmp"
-
-_HEAD = struct.Struct("<8sH32sH")  # magic, version, fingerprint, key length; then the key
-_TAIL = struct.Struct("<Q16s")  # payload length, payload checksum; then the payload
-
-
-class BadBlockFile(Exception):
-    """A block file that fails a check; the message is the reason."""
-
-
-def encode_header(fingerprint: bytes, key: bytes, payload: bytes) -> bytes:
-    """The header that precedes `payload` in a block file."""
-    head = _HEAD.pack(MAGIC, FORMAT_VERSION, fingerprint, len(key))
-    return head + key + _TAIL.pack(len(payload), xxhash.xxh3_128_digest(payload))
-
-
-def read_block(f: BinaryIO, fingerprint: bytes, key: bytes) -> bytes:
-    """The payload of an open block file, or BadBlockFile if any check fails."""
-    size = os.fstat(f.fileno()).st_size
-    head = f.read(_HEAD.size)
-    if len(head) < _HEAD.size:
-        raise BadBlockFile(f"truncated header ({size} bytes)")
-    magic, version, stored_fingerprint, key_len = _HEAD.unpack(head)
-    if magic != MAGIC:
-        raise BadBlockFile(f"bad magic {magic!r}")
-    if version != FORMAT_VERSION:
-        raise BadBlockFile(f"format version {version}, expected {FORMAT_VERSION}")
-    if stored_fingerprint != fingerprint:
-        raise BadBlockFile("written under another fingerprint (model, dtype, layout or hashing)")
-    stored_key = f.read(key_len)
-    tail = f.read(_TAIL.size)
-    if len(stored_key) < key_len or len(tail) < _TAIL.size:
-        raise BadBlockFile(f"truncated header ({size} bytes)")
-    if stored_key != key:
-        raise BadBlockFile(f"holds key {stored_key.hex()}, expected {key.hex()}")
-    length, checksum = _TAIL.unpack(tail)
-    expected = _HEAD.size + key_len + _TAIL.size + length
-    if size != expected:
-        problem = "truncated" if size < expected else "trailing bytes"
-        raise BadBlockFile(f"{problem}: {size} bytes, header says {expected}")
-    payload = f.read(length)
-    if len(payload) != length:
-        raise BadBlockFile(f"truncated while reading: {len(payload)} of {length} payload bytes")
-    if xxhash.xxh3_128_digest(payload) != checksum:
-        raise BadBlockFile("payload checksum mismatch")
-    return payload
 
 
 class DiskTier:
@@ -157,10 +111,18 @@ class DiskTier:
         self._used = 0
         self._last_stamp = 0
         self._last_scan = 0.0
-        os.makedirs(self.path, exist_ok=True)
-        self._remove_stale_tmp()
-        with self._lock:
-            self._scan()
+        _make_directory(self.path)
+        try:
+            self._remove_stale_tmp()
+            with self._lock:
+                self._scan()
+        except OSError as exc:
+            raise ValueError(f"cannot list {self.path}: {_reason(exc)}") from None
+
+    @staticmethod
+    def stored_size(key_bytes: int, payload_bytes: int) -> int:
+        """A block's file size: header, key and payload."""
+        return file_size(key_bytes, payload_bytes)
 
     @property
     def used_bytes(self) -> int:
@@ -203,12 +165,14 @@ class DiskTier:
         final = self.file_path(key)
         if type(payload) is not bytes:
             payload = memoryview(payload).cast("B")  # len() in bytes, whatever the item type
-        size = _HEAD.size + len(key) + _TAIL.size + len(payload)
+        size = self.stored_size(len(key), len(payload))
         if size > self.capacity:
             return []
-        tmp = self._write_tmp(final, key, payload)  # outside the lock: gets go on meanwhile
-        if tmp is None:
-            return []
+        try:
+            tmp = self._write_tmp(final, key, payload)  # outside the lock: gets go on meanwhile
+        except FileNotFoundError:  # the directory was removed: make it again, once
+            os.makedirs(self.path, exist_ok=True)
+            tmp = self._write_tmp(final, key, payload)
         if time.monotonic() - self._last_scan >= self.rescan_interval:
             self._catch_up()  # other processes may have added or removed files
         with self._lock:
@@ -217,10 +181,9 @@ class DiskTier:
             try:
                 os.utime(tmp, ns=(stamp, stamp))
                 os.replace(tmp, final)
-            except OSError as exc:
-                logger.warning("could not store KV block file %s: %s", final, exc)
+            except OSError:
                 _unlink_quietly(tmp)
-                return evicted
+                raise
             self._forget(key)
             self._entries[key] = size
             self._used += size
@@ -232,7 +195,8 @@ class DiskTier:
 
     # --- internals -------------------------------------------------------------------------
 
-    def _write_tmp(self, final: str, key: bytes, payload: bytes) -> str | None:
+    def _write_tmp(self, final: str, key: bytes, payload: bytes) -> str:
+        """The block written to a temp file beside `final`; OSError if it cannot be."""
         tmp = f"{final}.{os.getpid()}-{secrets.token_hex(4)}{TMP_SUFFIX}"
         try:
             with open(tmp, "xb") as f:
@@ -241,10 +205,9 @@ class DiskTier:
                 if self.fsync:
                     f.flush()
                     os.fsync(f.fileno())
-        except OSError as exc:
-            logger.warning("could not write KV block file %s: %s", tmp, exc)
+        except OSError:
             _unlink_quietly(tmp)
-            return None
+            raise
         return tmp
 
     def _make_room(self, key: bytes, size: int) -> list[bytes]:
@@ -293,6 +256,8 @@ class DiskTier:
         """
         try:
             listed = {key for key in map(self._key_of, os.listdir(self.path)) if key}
+        except FileNotFoundError:  # removed: every file went with it; writes make it again
+            listed = set()
         except OSError as exc:
             logger.warning("could not list KV block directory %s: %s", self.path, exc)
             return
@@ -367,6 +332,23 @@ class DiskTier:
                         os.unlink(entry.path)
                 except OSError:
                     pass  # renamed or removed by its writer meanwhile
+
+
+def _make_directory(path: str) -> None:
+    """Create the tier's directory; a ValueError says why it cannot be one."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"{path} is a file, not a directory")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"cannot create the directory {path}: {_reason(exc)}") from None
+
+
+def _reason(exc: OSError) -> str:
+    """ "permission denied", not "[Errno 13] Permission denied: '/x'"."""
+    if isinstance(exc, NotADirectoryError | FileExistsError):
+        return "a part of the path is a file, not a directory"
+    return (exc.strerror or str(exc)).lower()
 
 
 def _unlink_quietly(path: str) -> None:

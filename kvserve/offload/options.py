@@ -9,7 +9,7 @@ typo in a launch flag should say which word was wrong, not just "invalid".
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 
 _UNITS: dict[str, int] = {
@@ -41,6 +41,35 @@ def parse_size(text: str) -> int:
     return int(Fraction(match.group(1)) * _UNITS[unit])
 
 
+def format_size(size: int) -> str:
+    """Bytes as a person reads them: "737,280 bytes (720.0 KiB)"."""
+    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if size >= scale:
+            return f"{size:,} bytes ({size / scale:.1f} {unit})"
+    return f"{size:,} bytes"
+
+
+def size_bytes(value: int | str, name: str = "") -> int:
+    """A positive size given as bytes (an int) or as text for `parse_size` ("2GiB").
+
+    The one reader of sizes outside the offload string (`kv_cache_memory`, in Python and
+    on the command line); errors name the option `name` (argparse names it itself).
+    """
+    prefix = f"{name}: " if name else ""
+    if isinstance(value, str):
+        try:
+            size = parse_size(value)
+        except ValueError as exc:
+            raise ValueError(f"{prefix}{exc}") from None
+    elif isinstance(value, int) and not isinstance(value, bool):
+        size = value
+    else:
+        raise ValueError(f"{prefix}expected bytes (an int) or a size such as '2GiB', got {value!r}")
+    if size <= 0:
+        raise ValueError(f"{prefix}the size must be positive, got {value!r}")
+    return size
+
+
 @dataclass(frozen=True, slots=True)
 class TierOptions:
     """One external tier as the user asked for it: kind "cpu" or "disk", bytes, directory."""
@@ -48,6 +77,8 @@ class TierOptions:
     kind: str
     capacity: int
     path: str | None = None
+    text: str = field(default="", compare=False)
+    """The part of the offload string it came from (errors quote it)."""
 
     def __post_init__(self) -> None:
         if self.kind not in ("cpu", "disk"):
@@ -108,7 +139,7 @@ def _parse_part(part: str) -> TierOptions:
         raise fail(f"bad size {size_text!r} (expected {_SIZE_HELP})") from None
     if capacity <= 0:
         raise fail("capacity must be positive")
-    return TierOptions(kind, capacity, path)
+    return TierOptions(kind, capacity, path, part)
 
 
 def _is_size(text: str) -> bool:

@@ -1,8 +1,11 @@
 """Stacked tiers: CPU memory in front of disk, written through, read front first.
 
 A put goes to every tier: the CPU tier at once, slower tiers from a
-background thread (the engine never waits for a disk write; when the queue
-is full the write is dropped and counted, it is only a cache). A get is
+background thread (the engine never waits for a disk write). A write that
+does not land (the queue is full, the disk is read-only or full, the block
+is larger than the tier) is dropped and counted, never retried: it is only a
+cache. The first drop of each cause is logged, the others only counted; the
+bytes saved count only blocks that landed. A get is
 answered by the fastest tier that has the key; it is not copied forward,
 so each tier holds exactly what was offered to it with its request, and a
 listener (the KV events) hears what each tier stores and evicts.
@@ -15,6 +18,7 @@ import queue
 import threading
 from typing import Any, Protocol
 
+from kvserve.offload.disk_tier import DiskTier
 from kvserve.offload.tiers import Tier
 
 logger = logging.getLogger(__name__)
@@ -35,7 +39,14 @@ class TierStack:
         self.tiers = tiers
         self.listener: TierListener | None = None
         self.dropped_writes = 0
+        """Writes to a tier that did not land (each tier a block was offered to counts)."""
+        self.bytes_saved = 0
+        """Payload bytes of the blocks that landed in at least one tier."""
         self._lock = threading.Lock()
+        self._counts_lock = threading.Lock()
+        """For the counters only: the engine thread never waits on a disk write for them."""
+        self._causes: set[tuple[str, str]] = set()
+        """(tier, cause) of the drops logged so far: each cause is logged once."""
         # Memory tiers are written at once; the rest (disk) from a background thread.
         self._now = [t for t in tiers if t.medium == "CPU"]
         self._later = [t for t in tiers if t.medium != "CPU"]
@@ -59,26 +70,56 @@ class TierStack:
 
     def put(self, key: bytes, data: bytes, seq: Any = None, index: int = -1) -> None:
         """Store in the memory tiers now and in the others from the background thread."""
-        for tier in self._now:
-            self._put_into(tier, key, data, seq, index)
+        landed = [self._put_into(tier, key, data, seq, index) for tier in self._now]
+        if any(landed):
+            self._saved(len(data))
         if self._writer is None:
             return
         try:
-            self._queue.put_nowait((key, data, seq, index))
+            self._queue.put_nowait((key, data, seq, index, any(landed)))
         except queue.Full:
-            self.dropped_writes += 1
+            for tier in self._later:
+                self._drop(tier, "queue", "the queue of writes waiting for it is full")
 
-    def _put_into(self, tier: Tier, key: bytes, data: bytes, seq: Any, index: int) -> None:
-        with self._lock:
-            known = tier.contains(key)
-            evicted = tier.put(key, data)
-            listener = self.listener
-            if listener is None:
-                return
-            if evicted:
-                listener.tier_removed(tier.medium, evicted)
-            if not known and seq is not None and tier.contains(key):
-                listener.tier_stored(tier.medium, key, seq, index)
+    def _put_into(self, tier: Tier, key: bytes, data: bytes, seq: Any, index: int) -> bool:
+        """Whether the block landed in `tier` (a drop is counted, its cause logged once)."""
+        size = tier.stored_size(len(key), len(data))
+        if size > tier.capacity:
+            self._drop(tier, "size", f"a {size}-byte block is larger than the whole tier")
+            return False
+        try:
+            with self._lock:
+                known = tier.contains(key)
+                evicted = tier.put(key, data)
+                listener = self.listener
+                if listener is not None:
+                    if evicted:
+                        listener.tier_removed(tier.medium, evicted)
+                    if not known and seq is not None and tier.contains(key):
+                        listener.tier_stored(tier.medium, key, seq, index)
+        except OSError as exc:  # a read-only or full disk must not stop the engine
+            reason = (exc.strerror or str(exc)).lower()
+            self._drop(tier, f"errno {exc.errno}", f"writing failed: {reason}")
+            return False
+        return True
+
+    def _saved(self, size: int) -> None:
+        with self._counts_lock:
+            self.bytes_saved += size
+
+    def _drop(self, tier: Tier, cause: str, detail: str) -> None:
+        name = f"disk tier {tier.path}" if isinstance(tier, DiskTier) else f"{tier.medium} tier"
+        with self._counts_lock:
+            self.dropped_writes += 1
+            first = (name, cause) not in self._causes
+            self._causes.add((name, cause))
+        if first:
+            logger.warning(
+                "offload: a KV block was not stored in the %s: %s (further writes dropped "
+                "for this reason are counted in offload_dropped_writes, not logged)",
+                name,
+                detail,
+            )
 
     def _write_loop(self) -> None:
         while True:
@@ -86,12 +127,10 @@ class TierStack:
             try:
                 if job is None:
                     return
-                key, data, seq, index = job
-                for tier in self._later:
-                    try:
-                        self._put_into(tier, key, data, seq, index)
-                    except OSError as exc:  # a full disk must not stop the engine
-                        logger.warning("offload: writing to %s failed: %s", tier.medium, exc)
+                key, data, seq, index, counted = job
+                landed = [self._put_into(tier, key, data, seq, index) for tier in self._later]
+                if any(landed) and not counted:
+                    self._saved(len(data))
             finally:
                 self._queue.task_done()
 

@@ -35,6 +35,12 @@ class Tier(Protocol):
         """Bytes held now, as this tier accounts them (never above capacity after a put)."""
         ...
 
+    @staticmethod
+    def stored_size(key_bytes: int, payload_bytes: int) -> int:
+        """What one block of this key and payload size counts against the capacity
+        (a tier smaller than one block is refused at start)."""
+        ...
+
     def contains(self, key: bytes) -> bool:
         """Cheap membership test: no LRU change, no I/O beyond a stat. A hint: get decides."""
         ...
@@ -47,6 +53,7 @@ class Tier(Protocol):
         """Store (replacing a present key); returns the keys evicted to make room.
 
         A payload that can never fit (larger than the capacity) is not stored: returns [].
+        A write that fails (a disk tier's I/O) raises OSError; the caller counts it.
         """
         ...
 
