@@ -83,12 +83,14 @@ _KINDS: dict[str, tuple[type, ...]] = {
     "int": (int,),
     "str": (str,),
     "str | None": (str, type(None)),
+    "bool | None": (bool, type(None)),
 }
 _KIND_NAMES = {
     "bool": "true or false",
     "int": "an integer",
     "str": "a string",
     "str | None": "a string or null",
+    "bool | None": "true, false or null",
 }
 
 

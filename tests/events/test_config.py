@@ -20,12 +20,14 @@ GOOD = {
     "topic": "kv",
     "int_block_hashes": False,
     "data_parallel_rank": 1,
+    "bind": True,
 }
 WRONG = {  # per kind of field, values of another type (JSON can spell each of them)
     bool: ["yes", 1, None],
     int: ["10", 1.5, True, None],
     str: [5, True, ["tcp://*:5557"]],
     "optional str": [5, False, {"a": 1}],
+    "optional bool": ["yes", 1, "null"],
 }
 KIND = {
     "enable_kv_cache_events": bool,
@@ -38,6 +40,7 @@ KIND = {
     "topic": str,
     "publisher": "optional str",
     "replay_endpoint": "optional str",
+    "bind": "optional bool",
 }
 
 
