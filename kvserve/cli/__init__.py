@@ -22,8 +22,15 @@ def version() -> str:
         return __version__
 
 
+class _Parser(argparse.ArgumentParser):
+    """A bad option is one line on stderr (argparse's usage block would bury it), exit 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="kvserve",
         description="kvserve: a compact LLM inference engine whose KV cache is exactly right.",
     )

@@ -66,5 +66,20 @@ def test_an_offload_path_that_is_a_file_says_so(checkpoints, tmp_path):
     a_file.write_text("not a directory\n")
     spec = f"disk:{a_file}:1GiB"
     model = checkpoints["qwen3"].path
-    line = one_line_error(kvserve("generate", "--model", model, "--offload", spec))
+    # The tier is checked once the pool's block size is known: after the model's INFO line.
+    args = ("--num-kv-blocks", "64", "--log-level", "warning", "--offload", spec)
+    line = one_line_error(kvserve("generate", "--model", model, *args))
     assert line.endswith(f"offload tier '{spec}': {a_file} is a file, not a directory")
+
+
+@pytest.mark.parametrize(
+    ("args", "names"),
+    [
+        (["generate", "--kv-cache-memory", "2XB"], "--kv-cache-memory"),
+        (["serve", "--port", "x"], "--port"),
+        (["simulate", "--block-size", "0"], "--block-size"),
+    ],
+)
+def test_an_option_argparse_refuses_is_one_line_too(args, names):
+    line = one_line_error(kvserve(*args))
+    assert names in line and line.endswith(f"(see kvserve {args[0]} --help)")
