@@ -130,7 +130,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--model", help="checkpoint (default: kvserve's default model, a GGUF)")
+    p.add_argument("--model", help="checkpoint; kvserve's default model (a GGUF) when not given")
     p.add_argument("--url", help="load the kvserve server running there instead of starting two")
     p.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
     p.add_argument("--concurrency", type=positive, default=16, help="clients (requests in flight)")
@@ -138,7 +138,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--request-rate",
         type=float,
         default=float("inf"),
-        help="Poisson arrivals per second (default inf: as fast as concurrency allows)",
+        help="Poisson arrivals per second (inf: as fast as concurrency allows)",
     )
     p.add_argument("--num-requests", type=positive, default=32, help="shared-prefix prompts")
     p.add_argument("--prefix-tokens", type=positive, default=512, help="shared-prefix: shared part")
