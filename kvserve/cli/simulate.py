@@ -11,6 +11,7 @@ from pathlib import Path
 from kvserve.cli.common import HelpFormatter, add_kv_events_linger, positive
 from kvserve.cli.engine_options import field_help
 from kvserve.kvcache.hashing import DEFAULT_SEED, HASH_FUNCTIONS
+from kvserve.routing import POLICIES
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -115,6 +116,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     k.add_argument("--kv-events-config", metavar="JSON", help=field_help("kv_events_config"))
     add_kv_events_linger(k)
+    r = p.add_argument_group("several engines")
+    r.add_argument(
+        "--replicas",
+        type=positive,
+        default=1,
+        help="engines, each with its own scheduler and pool of --num-blocks, behind a router "
+        "that knows what each holds from its KV events; the report adds one pool of "
+        "replicas x --num-blocks for comparison",
+    )
+    r.add_argument(
+        "--routing",
+        choices=list(POLICIES),
+        default="cache-aware",
+        help="with --replicas > 1: round-robin; least-loaded (fewest queued prefill tokens, "
+        "then fewest running); cache-aware (least prefill to compute, queue included, "
+        "with a guard against piling on one replica)",
+    )
     o = p.add_argument_group("output")
     o.add_argument(
         "--check", action="store_true", help="verify every design.md invariant after every step"
@@ -168,9 +186,12 @@ def _workload(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from kvserve.simulate.report import format_report
+    from kvserve.simulate.replicas import simulate_replicas
+    from kvserve.simulate.report import format_replicas_report, format_report
     from kvserve.simulate.simulator import MODEL_SPECS, SimConfig, simulate
 
+    if args.replicas > 1 and args.kv_events_config:
+        raise ValueError("--kv-events-config publishes one engine's events: use --replicas 1")
     workload = _workload(args)
     groups = MODEL_SPECS[args.model_spec]
     if args.groups:
@@ -198,8 +219,13 @@ def run(args: argparse.Namespace) -> int:
         disable=True if args.no_progress else None,
         leave=False,
     ) as bar:
-        report = simulate(workload, config, progress=bar.update)
-    print(format_report(report))
+        if args.replicas > 1:
+            report = simulate_replicas(
+                workload, config, args.replicas, args.routing, progress=bar.update
+            )
+        else:
+            report = simulate(workload, config, progress=bar.update)
+    print(format_replicas_report(report) if args.replicas > 1 else format_report(report))
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     return 0
