@@ -27,6 +27,7 @@ from kvserve.simulate.simulator import (
     arrival_queue,
     check_drained,
     make_engine,
+    report_header,
     sim_params,
     simulate,
     step_engine,
@@ -86,13 +87,7 @@ def simulate_replicas(
     computed = [r["prefill_tokens_computed"] for r in per_replica]
     mean = sum(computed) / len(computed)
     return {
-        "workload": workload.name,
-        "params": workload.params,
-        "block_size": config.block_size,
-        "groups": list(config.groups),
-        "num_blocks": num_blocks,
-        "prefix_caching": config.enable_prefix_caching,
-        "hash": config.hash_fn,
+        **report_header(workload, config, num_blocks),
         "replicas": replicas,
         "routing": policy.name,
         **total,

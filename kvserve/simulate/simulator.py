@@ -118,6 +118,19 @@ def check_drained(engine: LLMEngine) -> None:
         raise AssertionError(f"{manager.pool.num_used} blocks still used after the run")
 
 
+def report_header(workload: Workload, config: SimConfig, num_blocks: int) -> dict:
+    """What ran: the workload, its parameters, and the KV cache every engine had."""
+    return {
+        "workload": workload.name,
+        "params": workload.params,
+        "block_size": config.block_size,
+        "groups": list(config.groups),
+        "num_blocks": num_blocks,
+        "prefix_caching": config.enable_prefix_caching,
+        "hash": config.hash_fn,
+    }
+
+
 def simulate(
     workload: Workload,
     config: SimConfig,
@@ -203,13 +216,7 @@ def _run(
     tracker = engine.tracker
     hit_total = s.prefix_hit_tokens + s.prefill_tokens_computed
     return {
-        "workload": workload.name,
-        "params": workload.params,
-        "block_size": config.block_size,
-        "groups": list(config.groups),
-        "num_blocks": num_blocks,
-        "prefix_caching": config.enable_prefix_caching,
-        "hash": config.hash_fn,
+        **report_header(workload, config, num_blocks),
         "requests": requests,
         "rejected": rejected,
         "prompt_tokens": s.prompt_tokens,

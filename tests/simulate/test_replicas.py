@@ -85,6 +85,30 @@ def test_holding_a_request_behind_its_prefix_in_flight_keeps_predictions_exact(m
     assert blind["prefill_tokens_computed"] > held["prefill_tokens_computed"]
 
 
+HYBRID = {
+    "shared-prefix": dict(
+        num_groups=4, prompts_per_group=5, system_len=120, question_len=24, output_len=12
+    ),
+    "multi-turn": dict(num_conversations=5, num_turns=3, turn_len=24, output_len=16),
+    "identical-burst": dict(num_requests=6, prompt_len=70, output_len=12),
+}
+
+
+@pytest.mark.parametrize(
+    ("groups", "block_size"),
+    [(("full", "sliding:17"), 8), (("full", "mamba:4", "mamba:4"), 4), (("full", "full"), 8)],
+)
+@pytest.mark.parametrize("workload", sorted(HYBRID))
+def test_hybrid_groups_are_predicted_exactly(workload, groups, block_size):
+    """Sliding windows, state snapshots (and the one-step wait of a state hit): the
+    router's views apply each replica's rules, so every first hit is still predicted."""
+    config = SimConfig(groups=groups, block_size=block_size, max_num_batched_tokens=128, check=True)
+    report = simulate_replicas(WORKLOADS[workload](**HYBRID[workload]), config, 3)
+    assert report["predictions_wrong"] == 0
+    assert report["predictions_exact"] == report["requests"]
+    assert report["prefix_hit_tokens"] > 0
+
+
 def test_a_small_pool_per_replica_against_one_pool_of_all_the_blocks():
     report = run("shared-prefix", "cache-aware", num_blocks=40)
     assert report["num_blocks"] == 40
