@@ -116,6 +116,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     k.add_argument("--kv-events-config", metavar="JSON", help=field_help("kv_events_config"))
     add_kv_events_linger(k)
+    x = p.add_argument_group("external KV tiers")
+    x.add_argument(
+        "--offload",
+        metavar="SPEC",
+        help="tiers below the pool, as the engine's --offload: cpu:<size>, disk:<dir>:<size> "
+        "or both, sizes in bytes of --kv-bytes-per-token per token; the runner keeps each "
+        "position's token id as its K/V and checks what the tiers load (default: off)",
+    )
+    x.add_argument(
+        "--kv-bytes-per-token",
+        type=positive,
+        default=4,
+        help="with --offload: bytes of one token's K/V in each group (4: the token id; "
+        "131072 is Llama-3-8B in bf16, and the tiers then hold that much, in memory and on "
+        "disk)",
+    )
     r = p.add_argument_group("several engines")
     r.add_argument(
         "--replicas",
@@ -192,6 +208,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.replicas > 1 and args.kv_events_config:
         raise ValueError("--kv-events-config publishes one engine's events: use --replicas 1")
+    if args.replicas > 1 and args.offload:
+        raise ValueError("--offload: the router predicts device-pool hits only: use --replicas 1")
     workload = _workload(args)
     groups = MODEL_SPECS[args.model_spec]
     if args.groups:
@@ -211,6 +229,8 @@ def run(args: argparse.Namespace) -> int:
         check=args.check,
         kv_events_config=args.kv_events_config,
         kv_events_linger=args.kv_events_linger,
+        offload=args.offload,
+        kv_bytes_per_token=args.kv_bytes_per_token,
     )
     with tqdm(
         total=workload.expected_requests,

@@ -60,6 +60,10 @@ def simulate_replicas(
         raise ValueError(f"replicas must be >= 1, got {replicas}")
     if config.kv_events_config is not None:
         raise ValueError("KV events are published for one engine: use them with one replica")
+    if config.offload:
+        raise ValueError(
+            "external tiers with several replicas: the router predicts device-pool hits only"
+        )
     policy = make_policy(routing)
     num_blocks = config.num_blocks or ample_blocks(workload, config.block_size, len(config.groups))
     engines = [make_engine(config, num_blocks) for _ in range(replicas)]

@@ -23,15 +23,29 @@ ROWS = [
 ]
 
 
+OFFLOAD_ROWS = [
+    ("external_hit_tokens", "external hit tokens (tiers)", "{:,}"),
+    ("offload_bytes_loaded", "bytes loaded from tiers", "{:,}"),
+    ("offload_bytes_saved", "bytes saved to tiers", "{:,}"),
+    ("offload_dropped_writes", "tier writes dropped", "{:,}"),
+    ("kv_positions_checked", "K/V positions checked", "{:,}"),
+]
+"""Rows of a run with external tiers (`--offload`)."""
+
+
 def format_report(report: dict) -> str:
+    offload = report.get("offload")
+    tiers = f", offload {offload} at {report['kv_bytes_per_token']} B/token" if offload else ""
     title = (
         f"kvserve simulate: {report['workload']}  (groups {','.join(report['groups'])}, "
         f"block size {report['block_size']}, "
-        f"prefix caching {'on' if report['prefix_caching'] else 'off'}, hash {report['hash']})"
+        f"prefix caching {'on' if report['prefix_caching'] else 'off'}, hash {report['hash']}"
+        f"{tiers})"
     )
-    width = max(len(label) for _, label, _ in ROWS)
+    rows = ROWS + OFFLOAD_ROWS if offload else ROWS
+    width = max(len(label) for _, label, _ in rows)
     lines = [title, "-" * len(title)]
-    for key, label, fmt in ROWS:
+    for key, label, fmt in rows:
         lines.append(f"{label:<{width}}  {fmt.format(report[key])}")
     ideal = report["ideal_prefill_tokens"]
     if ideal:

@@ -41,6 +41,13 @@ class SimConfig:
     """Publish KV cache events (a KVEventsConfig, its dict or JSON; None: off)."""
     kv_events_linger: float = 0.0
     """Seconds to keep serving replay and snapshots after the run (for watchers)."""
+    offload: str | None = None
+    """External KV tiers below the pool, as the engine's `offload` (cpu:<size>,
+    disk:<dir>:<size>); None: off."""
+    kv_bytes_per_token: int = 4
+    """With `offload`: bytes a token's K/V takes in each group (tier sizes count these).
+    4 is the token id itself, the model-free K/V; a real model's size makes the tiers
+    hold as many bytes, in this process's memory and on disk."""
 
 
 MODEL_SPECS: dict[str, tuple[str, ...]] = {
@@ -66,7 +73,8 @@ def make_engine(config: SimConfig, num_blocks: int, *, kv_events: bool = False) 
     """An engine over the model-free runner with `num_blocks` blocks (the config's
     event publisher only with `kv_events`)."""
     specs = inflate_for_state([spec_from_name(g, config.block_size) for g in config.groups])
-    runner = ModelFreeRunner(specs, num_blocks, config.block_size)
+    kv_bytes = config.kv_bytes_per_token if config.offload else None
+    runner = ModelFreeRunner(specs, num_blocks, config.block_size, kv_bytes_per_token=kv_bytes)
     return LLMEngine.from_runner(
         runner,
         EngineArgs(
@@ -77,6 +85,7 @@ def make_engine(config: SimConfig, num_blocks: int, *, kv_events: bool = False) 
             hash_fn=config.hash_fn,
             hash_seed=config.hash_seed,
             kv_events_config=config.kv_events_config if kv_events else None,
+            offload=config.offload,
         ),
         verify_hits=config.verify_hits,
     )
@@ -98,6 +107,8 @@ def step_engine(engine: LLMEngine, step: int, check: bool) -> list[RequestOutput
     """One engine step; RuntimeError if it could schedule nothing. `check`: verify
     every design.md invariant afterwards."""
     outputs = engine.step()
+    if engine.connector is not None:
+        engine.connector.store.flush()  # a step's disk writes land within it: reproducible
     scheduler = engine.scheduler
     if not engine.last_step_num_chunks:
         raise RuntimeError(
@@ -236,4 +247,17 @@ def _run(
         ),
         "wall_seconds": wall,
         "errors": errors[:20],
+        **(_offload_report(engine, config) if config.offload else {}),
+    }
+
+
+def _offload_report(engine: LLMEngine, config: SimConfig) -> dict:
+    stats = engine.stats_dict()
+    keys = ("offload_bytes_loaded", "offload_bytes_saved", "offload_dropped_writes")
+    return {
+        "offload": config.offload,
+        "kv_bytes_per_token": config.kv_bytes_per_token,
+        "external_hit_tokens": stats["external_hit_tokens"],
+        **{key: stats[key] for key in keys},
+        "kv_positions_checked": engine.runner.kv.checked_positions,
     }
