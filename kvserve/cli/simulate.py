@@ -12,6 +12,7 @@ from pathlib import Path
 from kvserve.cli.common import HelpFormatter, add_kv_events_linger, positive
 from kvserve.cli.engine_options import field_help
 from kvserve.kvcache.hashing import DEFAULT_SEED, HASH_FUNCTIONS
+from kvserve.routing import POLICIES
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -116,6 +117,39 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     k.add_argument("--kv-events-config", metavar="JSON", help=field_help("kv_events_config"))
     add_kv_events_linger(k)
+    x = p.add_argument_group("external KV tiers")
+    x.add_argument(
+        "--offload",
+        metavar="SPEC",
+        help="tiers below the pool, as the engine's --offload: cpu:<size>, disk:<dir>:<size> "
+        "or both, sizes in bytes of --kv-bytes-per-token per token; the runner keeps each "
+        "position's token id as its K/V and checks what the tiers load (default: off)",
+    )
+    x.add_argument(
+        "--kv-bytes-per-token",
+        type=positive,
+        default=4,
+        help="with --offload: bytes of one token's K/V in each group (4: the token id; "
+        "131072 is Llama-3-8B in bf16, and the tiers then hold that much, in memory and on "
+        "disk)",
+    )
+    r = p.add_argument_group("several engines")
+    r.add_argument(
+        "--replicas",
+        type=positive,
+        default=1,
+        help="engines, each with its own scheduler and pool of --num-blocks, behind a router "
+        "that knows what each holds from its KV events; the report adds one pool of "
+        "replicas x --num-blocks for comparison",
+    )
+    r.add_argument(
+        "--routing",
+        choices=list(POLICIES),
+        default="cache-aware",
+        help="with --replicas > 1: round-robin; least-loaded (fewest queued prefill tokens, "
+        "then fewest running); cache-aware (least prefill to compute, queue included, "
+        "with a guard against piling on one replica)",
+    )
     o = p.add_argument_group("output")
     o.add_argument(
         "--check",
@@ -171,13 +205,18 @@ def _workload(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from kvserve.simulate.report import format_report
+    from kvserve.simulate.replicas import simulate_replicas
+    from kvserve.simulate.report import format_replicas_report, format_report
     from kvserve.simulate.simulator import MODEL_SPECS, SimConfig, simulate
 
     if args.model_spec is not None and args.groups is not None:
         raise ValueError("--model-spec and --groups both give the KV cache groups: pass one")
     if args.json is not None:
         _check_writable(args.json, "--json")
+    if args.replicas > 1 and args.kv_events_config:
+        raise ValueError("--kv-events-config publishes one engine's events: use --replicas 1")
+    if args.replicas > 1 and args.offload:
+        raise ValueError("--offload: the router predicts device-pool hits only: use --replicas 1")
     workload = _workload(args)
     groups = MODEL_SPECS[args.model_spec or "full"]
     if args.groups is not None:
@@ -197,6 +236,8 @@ def run(args: argparse.Namespace) -> int:
         check=args.check,
         kv_events_config=args.kv_events_config,
         kv_events_linger=args.kv_events_linger,
+        offload=args.offload,
+        kv_bytes_per_token=args.kv_bytes_per_token,
     )
     with tqdm(
         total=workload.expected_requests,
@@ -205,8 +246,13 @@ def run(args: argparse.Namespace) -> int:
         disable=True if args.no_progress else None,
         leave=False,
     ) as bar:
-        report = simulate(workload, config, progress=bar.update)
-    print(format_report(report))
+        if args.replicas > 1:
+            report = simulate_replicas(
+                workload, config, args.replicas, args.routing, progress=bar.update
+            )
+        else:
+            report = simulate(workload, config, progress=bar.update)
+    print(format_replicas_report(report) if args.replicas > 1 else format_report(report))
     if args.check:
         print(f"checks: every invariant held after each of the {report['steps']:,} steps")
     if args.json is not None:

@@ -7,6 +7,9 @@ cacheable, and a later turn's prompt may contain an earlier answer. It sits
 behind the same `Runner` interface as the model runner, so `simulate` runs
 the engine's own step loop.
 
+With external tiers (`simulate --offload`) it also keeps each position's
+"K/V", its token id, so what the tiers load can be checked (model_free_kv).
+
 There are no logits: penalties and logit bias change nothing, and a request
 that asks for logprobs gets those of a point mass on the token it gets
 (logprob 0.0, rank 1, no other token listed).
@@ -18,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from kvserve.batch import SeqChunk, StepOutput, TokenLogprobs
+from kvserve.engine.model_free_kv import ModelFreeKV
 from kvserve.kvcache.specs import FullAttentionSpec, KVCacheSpec
 
 _MASK = (1 << 64) - 1
@@ -39,10 +43,17 @@ class ModelFreeRunner:
         num_blocks: int = 2,
         hash_block_size: int = 16,
         sampled_vocab: int = SAMPLED_VOCAB,
+        kv_bytes_per_token: int | None = None,
     ) -> None:
         """The layout is what an engine over this runner builds its KV cache from
-        (default: one full-attention group)."""
+        (default: one full-attention group). `kv_bytes_per_token`: keep the K/V
+        (token ids, see model_free_kv) for external tiers, at this size per token."""
         self.kv_cache_specs = kv_cache_specs or [FullAttentionSpec(block_size=hash_block_size)]
+        self.kv = (
+            None
+            if kv_bytes_per_token is None
+            else ModelFreeKV(self.kv_cache_specs, kv_bytes_per_token)
+        )
         self.num_blocks = num_blocks
         self.hash_block_size = hash_block_size
         self.vocab_size = 2**32
@@ -59,6 +70,9 @@ class ModelFreeRunner:
         """The next token of every chunk that reaches its sequence's end."""
         sampled: list[int | None] = []
         logprobs: list[TokenLogprobs | None] | None = None
+        if self.kv is not None:
+            for chunk in chunks:
+                self.kv.run(chunk)
         for i, chunk in enumerate(chunks):
             if not chunk.sample:
                 sampled.append(None)
@@ -79,3 +93,11 @@ class ModelFreeRunner:
 
     def free_request(self, request_id: str) -> None:
         self._state.pop(request_id, None)
+        if self.kv is not None:
+            self.kv.free_request(request_id)
+
+    def kv_block_io(self, hash_block_size: int, hash_fn: str, hash_seed: int) -> tuple:
+        """(block reader/writer, fingerprint) for the external tiers (EngineTiers)."""
+        if self.kv is None:
+            raise ValueError("external tiers without a model need the K/V size per token")
+        return self.kv, self.kv.fingerprint(hash_block_size, hash_fn, hash_seed)

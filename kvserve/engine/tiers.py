@@ -1,7 +1,8 @@
 """The engine's side of the external KV tiers: the connector, and the step around it.
 
 Built from the `offload` option when the engine has a model checkpoint (its
-fingerprint keys what the tiers hold). Each step loads the scheduled
+fingerprint keys what the tiers hold), or over the model-free runner's own
+K/V in `simulate`. Each step loads the scheduled
 external hits into their blocks before the runner, and offers what the step
 computed to the tiers after it, reading only the step plans and plain
 request data.
@@ -33,24 +34,18 @@ class EngineTiers:
     """Owns the offload connector and the runner's block reader/writer."""
 
     def __init__(self, runner: Any, args: EngineArgs) -> None:
-        from kvserve.model.kv_io import KVBlockIO, kv_fingerprint
         from kvserve.offload.build import build_store
         from kvserve.offload.connector import OffloadConnector, block_key
 
         if not args.enable_prefix_caching:
             raise ValueError("offload needs prefix caching (its keys are the block hashes)")
-        if runner.model_dir is None or not args.offload:
-            raise ValueError("offload needs a model checkpoint (its fingerprint keys the tiers)")
-        fingerprint = kv_fingerprint(
-            runner.model_dir,
-            runner.dtype,
-            runner.kv_cache_specs,
-            args.block_size,
-            args.hash_fn,
-            args.hash_seed,
-        )
-        layout = runner.layer_groups
-        self.block_io = KVBlockIO(runner.kv_tensors, layout.layer_group, layout.layer_slot)
+        if not args.offload:
+            raise ValueError("offload needs an offload spec, e.g. cpu:8GiB")
+        own_io = getattr(runner, "kv_block_io", None)
+        if own_io is not None:  # the model-free runner (simulate): its own K/V and fingerprint
+            self.block_io, fingerprint = own_io(args.block_size, args.hash_fn, args.hash_seed)
+        else:
+            self.block_io, fingerprint = _model_io(runner, args)
         # The largest payload one key stores: a hash block of an attention group, or a
         # state group's whole page. A tier that cannot hold it is refused at start.
         largest = max(
@@ -85,3 +80,21 @@ class EngineTiers:
             "offload_save_seconds": c.save_seconds,
             "offload_dropped_writes": self.connector.store.dropped_writes,
         }
+
+
+def _model_io(runner: Any, args: EngineArgs) -> tuple[Any, bytes]:
+    """The model runner's K/V tensors as blocks, and the fingerprint keying the tiers."""
+    from kvserve.model.kv_io import KVBlockIO, kv_fingerprint
+
+    if runner.model_dir is None:
+        raise ValueError("offload needs a model checkpoint (its fingerprint keys the tiers)")
+    fingerprint = kv_fingerprint(
+        runner.model_dir,
+        runner.dtype,
+        runner.kv_cache_specs,
+        args.block_size,
+        args.hash_fn,
+        args.hash_seed,
+    )
+    layout = runner.layer_groups
+    return KVBlockIO(runner.kv_tensors, layout.layer_group, layout.layer_slot), fingerprint

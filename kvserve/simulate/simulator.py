@@ -14,6 +14,7 @@ from kvserve.engine.model_free_runner import ModelFreeRunner
 from kvserve.engine.scheduler import Scheduler
 from kvserve.kvcache.invariants import check_invariants
 from kvserve.kvcache.specs import inflate_for_state, spec_from_name
+from kvserve.outputs import RequestOutput
 from kvserve.sampling_params import RequestOutputKind, SamplingParams
 from kvserve.simulate.workloads import SimRequest, Workload
 
@@ -40,6 +41,13 @@ class SimConfig:
     """Publish KV cache events (a KVEventsConfig, its dict or JSON; None: off)."""
     kv_events_linger: float = 0.0
     """Seconds to keep serving replay and snapshots after the run (for watchers)."""
+    offload: str | None = None
+    """External KV tiers below the pool, as the engine's `offload` (cpu:<size>,
+    disk:<dir>:<size>); None: off."""
+    kv_bytes_per_token: int = 4
+    """With `offload`: bytes a token's K/V takes in each group (tier sizes count these).
+    4 is the token id itself, the model-free K/V; a real model's size makes the tiers
+    hold as many bytes, in this process's memory and on disk."""
 
 
 MODEL_SPECS: dict[str, tuple[str, ...]] = {
@@ -61,6 +69,79 @@ def ample_blocks(workload: Workload, block_size: int, num_groups: int = 1) -> in
     return min(need * num_groups, DEFAULT_MAX_BLOCKS)
 
 
+def make_engine(config: SimConfig, num_blocks: int, *, kv_events: bool = False) -> LLMEngine:
+    """An engine over the model-free runner with `num_blocks` blocks (the config's
+    event publisher only with `kv_events`)."""
+    specs = inflate_for_state([spec_from_name(g, config.block_size) for g in config.groups])
+    kv_bytes = config.kv_bytes_per_token if config.offload else None
+    runner = ModelFreeRunner(specs, num_blocks, config.block_size, kv_bytes_per_token=kv_bytes)
+    return LLMEngine.from_runner(
+        runner,
+        EngineArgs(
+            block_size=config.block_size,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            enable_prefix_caching=config.enable_prefix_caching,
+            hash_fn=config.hash_fn,
+            hash_seed=config.hash_seed,
+            kv_events_config=config.kv_events_config if kv_events else None,
+            offload=config.offload,
+        ),
+        verify_hits=config.verify_hits,
+    )
+
+
+def arrival_queue(workload: Workload) -> list[tuple[int, int, SimRequest]]:
+    """The workload's requests as a heap of (arrival step, order, request)."""
+    arrivals = [(r.arrival_step, order, r) for order, r in enumerate(workload.requests)]
+    heapq.heapify(arrivals)
+    return arrivals
+
+
+def sim_params(sim_req: SimRequest, kind: RequestOutputKind) -> SamplingParams:
+    """Greedy sampling of `max_tokens` tokens, outputs of `kind`."""
+    return SamplingParams(max_tokens=sim_req.max_tokens, temperature=0.0, output_kind=kind)
+
+
+def step_engine(engine: LLMEngine, step: int, check: bool) -> list[RequestOutput]:
+    """One engine step; RuntimeError if it could schedule nothing. `check`: verify
+    every design.md invariant afterwards."""
+    outputs = engine.step()
+    if engine.connector is not None:
+        engine.connector.store.flush()  # a step's disk writes land within it: reproducible
+    scheduler = engine.scheduler
+    if not engine.last_step_num_chunks:
+        raise RuntimeError(
+            f"step {step}: nothing could be scheduled "
+            f"({len(scheduler.waiting)} waiting, {len(scheduler.running)} running)"
+        )
+    if check:
+        held = scheduler.running
+        check_invariants(engine.manager, {r.request_id: r.num_computed_tokens for r in held})
+    return outputs
+
+
+def check_drained(engine: LLMEngine) -> None:
+    """After a run: the invariants hold and no block is held any more."""
+    manager = engine.manager
+    check_invariants(manager, {})
+    if manager.pool.num_used:
+        raise AssertionError(f"{manager.pool.num_used} blocks still used after the run")
+
+
+def report_header(workload: Workload, config: SimConfig, num_blocks: int) -> dict:
+    """What ran: the workload, its parameters, and the KV cache every engine had."""
+    return {
+        "workload": workload.name,
+        "params": workload.params,
+        "block_size": config.block_size,
+        "groups": list(config.groups),
+        "num_blocks": num_blocks,
+        "prefix_caching": config.enable_prefix_caching,
+        "hash": config.hash_fn,
+    }
+
+
 def simulate(
     workload: Workload,
     config: SimConfig,
@@ -76,21 +157,7 @@ def simulate(
     view there).
     """
     num_blocks = config.num_blocks or ample_blocks(workload, config.block_size, len(config.groups))
-    specs = inflate_for_state([spec_from_name(g, config.block_size) for g in config.groups])
-    runner = ModelFreeRunner(specs, num_blocks, config.block_size)
-    engine = LLMEngine.from_runner(
-        runner,
-        EngineArgs(
-            block_size=config.block_size,
-            max_num_seqs=config.max_num_seqs,
-            max_num_batched_tokens=config.max_num_batched_tokens,
-            enable_prefix_caching=config.enable_prefix_caching,
-            hash_fn=config.hash_fn,
-            hash_seed=config.hash_seed,
-            kv_events_config=config.kv_events_config,
-        ),
-        verify_hits=config.verify_hits,
-    )
+    engine = make_engine(config, num_blocks, kv_events=True)
     try:
         return _run(workload, config, engine, num_blocks, progress, before_step)
     finally:
@@ -110,11 +177,8 @@ def _run(
     """Arrivals by step, one engine step each, follow-up turns as answers finish."""
     scheduler = engine.scheduler
     manager = engine.manager
-    arrivals: list[tuple[int, int, SimRequest]] = []
-    order = 0
-    for sim_req in workload.requests:
-        heapq.heappush(arrivals, (sim_req.arrival_step, order, sim_req))
-        order += 1
+    arrivals = arrival_queue(workload)
+    order = len(arrivals)
     source: dict[str, SimRequest] = {}
     requests = rejected = generated = 0
     errors: list[str] = []
@@ -126,11 +190,7 @@ def _run(
         while arrivals and arrivals[0][0] <= step:
             sim_req = heapq.heappop(arrivals)[2]
             requests += 1
-            params = SamplingParams(
-                max_tokens=sim_req.max_tokens,
-                temperature=0.0,
-                output_kind=RequestOutputKind.FINAL_ONLY,
-            )
+            params = sim_params(sim_req, RequestOutputKind.FINAL_ONLY)
             try:
                 engine.add_request(sim_req.request_id, list(sim_req.prompt_token_ids), params)
             except ValueError as exc:
@@ -143,15 +203,7 @@ def _run(
             continue
         if before_step is not None:
             before_step(scheduler, engine.kv_events)
-        outputs = engine.step()
-        if not engine.last_step_num_chunks:
-            raise RuntimeError(
-                f"step {step}: nothing could be scheduled "
-                f"({len(scheduler.waiting)} waiting, {len(scheduler.running)} running)"
-            )
-        if config.check:
-            held = scheduler.running
-            check_invariants(manager, {r.request_id: r.num_computed_tokens for r in held})
+        outputs = step_engine(engine, step, config.check)
         finished = 0
         for output in outputs:
             if not output.finished:
@@ -170,20 +222,12 @@ def _run(
         step += 1
     wall = time.perf_counter() - wall0
     if config.check:
-        check_invariants(manager, {})
-        if manager.pool.num_used:
-            raise AssertionError(f"{manager.pool.num_used} blocks still used after the run")
+        check_drained(engine)
     s = scheduler.stats
     tracker = engine.tracker
     hit_total = s.prefix_hit_tokens + s.prefill_tokens_computed
     return {
-        "workload": workload.name,
-        "params": workload.params,
-        "block_size": config.block_size,
-        "groups": list(config.groups),
-        "num_blocks": num_blocks,
-        "prefix_caching": config.enable_prefix_caching,
-        "hash": config.hash_fn,
+        **report_header(workload, config, num_blocks),
         "requests": requests,
         "rejected": rejected,
         "prompt_tokens": s.prompt_tokens,
@@ -203,4 +247,17 @@ def _run(
         ),
         "wall_seconds": wall,
         "errors": errors[:20],
+        **(_offload_report(engine, config) if config.offload else {}),
+    }
+
+
+def _offload_report(engine: LLMEngine, config: SimConfig) -> dict:
+    stats = engine.stats_dict()
+    keys = ("offload_bytes_loaded", "offload_bytes_saved", "offload_dropped_writes")
+    return {
+        "offload": config.offload,
+        "kv_bytes_per_token": config.kv_bytes_per_token,
+        "external_hit_tokens": stats["external_hit_tokens"],
+        **{key: stats[key] for key in keys},
+        "kv_positions_checked": engine.runner.kv.checked_positions,
     }

@@ -8,6 +8,9 @@ the same coupling).
 
 from __future__ import annotations
 
+import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -68,6 +71,58 @@ def test_the_import_reader_sees_type_checking_and_function_imports(tmp_path):
         "kvserve.kvcache.pool",
         "kvserve.kvcache.plan",
     }
+
+
+FORBIDDEN_IN_ROUTING = {"torch", "fastapi", "starlette", "uvicorn", "zmq"}
+
+
+def runtime_imports(path: Path) -> set[str]:
+    """Modules a file imports when it runs: TYPE_CHECKING blocks left out."""
+
+    def skip(node: ast.AST) -> bool:
+        test = getattr(node, "test", None)
+        return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(test)
+
+    names: set[str] = set()
+    stack: list[ast.AST] = [ast.parse(path.read_text())]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+        stack.extend(child for child in ast.iter_child_nodes(node) if not skip(child))
+    return names
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "routing").rglob("*.py")), ids=lambda p: p.name)
+def test_routing_runs_on_plain_numbers(path):
+    """The policy imports no engine, model, server or transport; kvserve types only
+    under TYPE_CHECKING (so a router process loads nothing it does not use)."""
+    names = runtime_imports(path)
+    kvserve = {n for n in names if n.startswith("kvserve") and not n.startswith("kvserve.routing")}
+    assert not kvserve, f"{path.name} imports {sorted(kvserve)}"
+    heavy = {n for n in names if n.split(".")[0] in FORBIDDEN_IN_ROUTING}
+    assert not heavy, f"{path.name} imports {sorted(heavy)}"
+
+
+def test_importing_routing_loads_no_heavy_module():
+    code = "import sys, kvserve.routing; print(sorted({m.split('.')[0] for m in sys.modules}))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    loaded = set(ast.literal_eval(result.stdout))
+    assert "kvserve" in loaded and not loaded & FORBIDDEN_IN_ROUTING
+
+
+def test_the_runtime_import_reader_leaves_out_type_checking(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from kvserve.events.index import PrefixIndex\n"
+        "import zmq\n"
+        "def f():\n    from kvserve.engine import scheduler\n"
+    )
+    assert runtime_imports(source) == {"typing", "zmq", "kvserve.engine"}
 
 
 def line_counts(folder: Path) -> dict[str, int]:
