@@ -80,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
     from kvserve.llm import LLM
     from kvserve.serve.app import create_app
     from kvserve.serve.engine_thread import EngineThread
+    from kvserve.serve.kv_metadata import kv_metadata_body
     from kvserve.serve.lifecycle import DrainingServer
     from kvserve.serve.metrics import EngineObserver, ServerMetrics, cache_config_info
     from kvserve.serve.state import ServerState
@@ -102,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
         metrics=metrics,
         max_queued_requests=args.max_queued_requests,
         log_requests=args.log_requests,
+        kv_metadata=kv_metadata_body(llm.engine, llm.model.path, name),
     )
     print(f"Serving {llm.model.description} as {name!r}", file=sys.stderr, flush=True)
     if llm.model.random_weights:
