@@ -74,6 +74,11 @@ class KVEventSubscriber:
         if sync and self._dealer is not None:
             self.catch_up()  # history from batch 0 if still buffered, else a snapshot
 
+    @property
+    def socket(self) -> zmq.Socket:
+        """The SUB socket: a caller following several engines in one thread polls them all."""
+        return self._sub
+
     # -- requests on the replay socket -----------------------------------------
 
     def _request(self, request: bytes) -> list[list[bytes]]:
