@@ -70,11 +70,26 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="log each request's prompt and sampling parameters (off: logs hold no prompt text)",
     )
+    s.add_argument(
+        "--data-parallel-size",
+        type=positive,
+        default=1,
+        help="engines on this host, each its own `kvserve serve` on a loopback port with KV "
+        "events on (ports offset by rank), behind a cache-aware router on --port",
+    )
     add_engine_options(p.add_argument_group("engine (kvserve.engine.engine_args.EngineArgs)"))
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    engine_args = engine_args_from(args)
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    if args.data_parallel_size > 1:  # the parent runs no engine: children do, a router fronts
+        from kvserve.cli.data_parallel import run_data_parallel
+
+        return run_data_parallel(args, engine_args, api_key)
+
     import uvicorn
 
     from kvserve.llm import LLM
@@ -85,8 +100,6 @@ def run(args: argparse.Namespace) -> int:
     from kvserve.serve.metrics import EngineObserver, ServerMetrics, cache_config_info
     from kvserve.serve.state import ServerState
 
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    engine_args = engine_args_from(args)
     engine_args.kv_events_config = loopback_events(engine_args.kv_events_config)
     llm = LLM(args.model, **dataclasses.asdict(engine_args))
     name = args.served_model_name or args.model or "SmolLM2-135M-Instruct"
@@ -98,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
         engine=engine,
         served_name=name,
         description=llm.model.description,
-        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+        api_key=api_key,
         max_model_len=llm.engine.scheduler.config.max_model_len,
         metrics=metrics,
         max_queued_requests=args.max_queued_requests,
