@@ -66,6 +66,7 @@ class EventFollower:
         self._commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
+        self._closed = False
         self._thread = threading.Thread(target=self._run, name="kvserve-router-events", daemon=True)
 
     # -- any thread -------------------------------------------------------------------
@@ -74,9 +75,12 @@ class EventFollower:
         self._thread.start()
 
     def close(self) -> None:
+        if self._closed:
+            return
         if self._thread.is_alive():
             self._put("stop", None)
             self._thread.join(5)
+        self._closed = True  # no write to the pipe from now on: its numbers may be reused
         os.close(self._wake_r)
         os.close(self._wake_w)
 
@@ -107,6 +111,8 @@ class EventFollower:
 
     def _put(self, kind: str, payload: Any) -> None:
         self._commands.put((kind, payload))
+        if self._closed:
+            return
         with contextlib.suppress(OSError):
             os.write(self._wake_w, b"!")
 
