@@ -40,6 +40,27 @@ def _check(conversation: list[Any], index: int) -> None:
             raise ValueError(f"conversation {index}, message {j}: needs a string 'content'")
 
 
+def openai_messages(messages: Any) -> list[Message]:
+    """OpenAI's `messages` as the template sees them: role and content only, content
+    given as text parts joined into one string (the server and the router agree on it)."""
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("messages must be a non-empty list")
+    out = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise ValueError(f"messages[{i}] needs a string 'role'")
+        content = message.get("content")
+        if isinstance(content, list):
+            parts = [p.get("text") for p in content if isinstance(p, dict)]
+            if len(parts) != len(content) or not all(isinstance(p, str) for p in parts):
+                raise ValueError(f"messages[{i}]: only text content parts")
+            content = "".join(parts)  # type: ignore[arg-type]
+        if not isinstance(content, str):
+            raise ValueError(f"messages[{i}] needs a string 'content'")
+        out.append({"role": message["role"], "content": content})
+    return out
+
+
 def render(
     tokenizer: Any,
     conversation: list[Message],

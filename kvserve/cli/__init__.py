@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kvserve.cli import chat, events, generate, kv_metadata, serve, simulate
+from kvserve.cli import chat, events, generate, kv_metadata, route, serve, simulate
 from kvserve.cli.common import add_log_level, configure_logging
 
 
@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"kvserve {version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for command in (generate, chat, serve, kv_metadata, simulate, events):
+    for command in (generate, chat, serve, route, kv_metadata, simulate, events):
         command.add_parser(sub)
     for command_parser in sub.choices.values():
         add_log_level(command_parser)

@@ -64,8 +64,8 @@ def add_engine_options(
         if only is not None and field.name not in only:
             continue
         special = dict(_SPECIAL.get(field.name, {}))
-        flags = special.pop("flags", None)
-        dashed = field.name.replace("_", "-")
+        special.pop("flags", None)
+        flags = _flags(field)
         try:
             text = field.metadata["help"]
         except KeyError:
@@ -73,16 +73,37 @@ def add_engine_options(
         kwargs: dict[str, Any] = {"dest": dest_of(field.name), "default": field.default}
         kind = _base_type(hints[field.name])
         if kind is bool:
-            # A flag turns the default around: --x for False fields, --no-x for True ones.
             kwargs["action"] = "store_false" if field.default else "store_true"
-            flags = flags or (f"--no-{dashed}" if field.default else f"--{dashed}",)
             text = f"{field.name}={not field.default} ({text})"
         else:
             kwargs["type"] = kind
         kwargs.update(special, help=text)
         if kwargs.get("type", bool) is Any:
             raise TypeError(f"EngineArgs.{field.name}: give its command-line type in _SPECIAL")
-        group.add_argument(*(flags or (f"--{dashed}",)), **kwargs)
+        group.add_argument(*flags, **kwargs)
+
+
+def _flags(field: dataclasses.Field) -> tuple[str, ...]:
+    """A field's flags; a bool's turns its default around: --x for False, --no-x for True."""
+    flags = _SPECIAL.get(field.name, {}).get("flags")
+    if flags:
+        return flags
+    dashed = field.name.replace("_", "-")
+    if isinstance(field.default, bool):
+        return (f"--no-{dashed}" if field.default else f"--{dashed}",)
+    return (f"--{dashed}",)
+
+
+def engine_argv(engine_args: EngineArgs) -> list[str]:
+    """The options that give `engine_args` again (those off their defaults): how a parent
+    hands its engine options on to child processes."""
+    argv = []
+    for field in engine_fields():
+        value = getattr(engine_args, field.name)
+        if value != field.default:
+            flag = _flags(field)[0]
+            argv.append(flag if isinstance(value, bool) else f"{flag}={value}")
+    return argv
 
 
 def engine_args_from(args: argparse.Namespace) -> EngineArgs:

@@ -70,21 +70,35 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="log each request's prompt and sampling parameters (off: logs hold no prompt text)",
     )
+    s.add_argument(
+        "--data-parallel-size",
+        type=positive,
+        default=1,
+        help="engines on this host, each its own `kvserve serve` on a loopback port with KV "
+        "events on (ports offset by rank), behind a cache-aware router on --port",
+    )
     add_engine_options(p.add_argument_group("engine (kvserve.engine.engine_args.EngineArgs)"))
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    engine_args = engine_args_from(args)
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    if args.data_parallel_size > 1:  # the parent runs no engine: children do, a router fronts
+        from kvserve.cli.data_parallel import run_data_parallel
+
+        return run_data_parallel(args, engine_args, api_key)
+
     import uvicorn
 
     from kvserve.llm import LLM
     from kvserve.serve.app import create_app
     from kvserve.serve.engine_thread import EngineThread
+    from kvserve.serve.kv_metadata import kv_metadata_body
     from kvserve.serve.lifecycle import DrainingServer
     from kvserve.serve.metrics import EngineObserver, ServerMetrics, cache_config_info
     from kvserve.serve.state import ServerState
 
-    engine_args = engine_args_from(args)
     engine_args.kv_events_config = loopback_events(engine_args.kv_events_config)
     llm = LLM(args.model, **dataclasses.asdict(engine_args))
     name = args.served_model_name or args.model or "SmolLM2-135M-Instruct"
@@ -96,11 +110,12 @@ def run(args: argparse.Namespace) -> int:
         engine=engine,
         served_name=name,
         description=llm.model.description,
-        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+        api_key=api_key,
         max_model_len=llm.engine.scheduler.config.max_model_len,
         metrics=metrics,
         max_queued_requests=args.max_queued_requests,
         log_requests=args.log_requests,
+        kv_metadata=kv_metadata_body(llm.engine, llm.model.path, name),
     )
     print(f"Serving {llm.model.description} as {name!r}", file=sys.stderr, flush=True)
     if llm.model.random_weights:

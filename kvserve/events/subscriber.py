@@ -78,6 +78,11 @@ class KVEventSubscriber:
             self.close()  # a watcher retries every second: no sockets left behind
             raise
 
+    @property
+    def socket(self) -> zmq.Socket:
+        """The SUB socket: a caller following several engines in one thread polls them all."""
+        return self._sub
+
     # -- requests on the replay socket -----------------------------------------
 
     def _request(self, request: bytes) -> list[list[bytes]]:

@@ -3,14 +3,34 @@
 Nothing outside this package imports torch. `ModelRunner.execute` is the
 whole interface the engine uses; its input, `SeqChunk`, lives in
 kvserve.batch (re-exported here for runner users).
+
+The names below are imported on first use, so a reader of checkpoints that
+needs no model (the router's tokenizer: kvserve.model.tokenizer) does not
+load the model code with this package.
 """
 
-from kvserve.batch import SeqChunk
-from kvserve.model.config import ModelConfig, load_model_config
-from kvserve.model.errors import ModelLoadError
-from kvserve.model.loader import load_model
-from kvserve.model.models import MODEL_REGISTRY
-from kvserve.model.runner import ModelRunner
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kvserve.batch import SeqChunk
+    from kvserve.model.config import ModelConfig, load_model_config
+    from kvserve.model.errors import ModelLoadError
+    from kvserve.model.loader import load_model
+    from kvserve.model.models import MODEL_REGISTRY
+    from kvserve.model.runner import ModelRunner
+
+_WHERE = {
+    "SeqChunk": "kvserve.batch",
+    "ModelConfig": "kvserve.model.config",
+    "load_model_config": "kvserve.model.config",
+    "ModelLoadError": "kvserve.model.errors",
+    "load_model": "kvserve.model.loader",
+    "MODEL_REGISTRY": "kvserve.model.models",
+    "ModelRunner": "kvserve.model.runner",
+}
 
 __all__ = [
     "MODEL_REGISTRY",
@@ -21,3 +41,12 @@ __all__ = [
     "load_model",
     "load_model_config",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -1,7 +1,7 @@
 """The FastAPI application: routes, the API key check, and the small endpoints.
 
 Generation lives in completions.py; this file wires it up with /v1/models,
-/health, /metrics, /version, /tokenize and /detokenize. With an API key every
+/health, /metrics, /version, /kv-metadata, /tokenize and /detokenize. With an API key every
 route but /health and /metrics wants `Authorization: Bearer KEY` (compared in
 constant time), so a load balancer can probe and scrape a protected server.
 """
@@ -46,6 +46,13 @@ def create_app(state: ServerState) -> FastAPI:
         from kvserve.cli import version as installed
 
         return {"version": installed()}
+
+    @app.get("/kv-metadata")
+    async def kv_metadata() -> dict[str, Any]:
+        """Hashing, groups and event endpoints, for a router (behind the key: it is no probe)."""
+        if state.kv_metadata is None:
+            raise APIError("this server has no KV metadata", 404)
+        return state.kv_metadata
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from kvserve.chat_template import openai_messages
 from kvserve.sampling_params import RequestOutputKind, SamplingParams
 from kvserve.serve.errors import APIError
 
@@ -173,23 +174,10 @@ def _is_ids(value: Any) -> bool:
 
 def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     """The conversation; content given as text parts is joined into one string."""
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise APIError("messages must be a non-empty list", param="messages")
-    out = []
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise APIError(f"messages[{i}] needs a string 'role'", param="messages")
-        content = message.get("content")
-        if isinstance(content, list):
-            parts = [p.get("text") for p in content if isinstance(p, dict)]
-            if len(parts) != len(content) or not all(isinstance(p, str) for p in parts):
-                raise APIError(f"messages[{i}]: only text content parts", param="messages")
-            content = "".join(parts)  # type: ignore[arg-type]
-        if not isinstance(content, str):
-            raise APIError(f"messages[{i}] needs a string 'content'", param="messages")
-        out.append({"role": message["role"], "content": content})
-    return out
+    try:
+        return openai_messages(body.get("messages"))
+    except ValueError as exc:
+        raise APIError(str(exc), param="messages") from None
 
 
 def _field_in(message: str, chat: bool) -> str | None:

@@ -7,6 +7,7 @@ on it, so they need no lock.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from kvserve.serve.engine_thread import EngineThread
 from kvserve.serve.errors import APIError
@@ -29,6 +30,8 @@ class ServerState:
     """Requests allowed to wait for their first step; beyond it a 503 (None: no limit)."""
     log_requests: bool = False
     """Log each request's prompt and parameters (off: logs never hold prompt text)."""
+    kv_metadata: dict[str, Any] | None = None
+    """What GET /kv-metadata answers (kv_metadata.py): a router predicts hits from it."""
     queued: int = 0
     """Requests submitted that have not had their first step yet."""
     draining: bool = False

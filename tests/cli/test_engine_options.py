@@ -11,6 +11,7 @@ import pytest
 from kvserve.cli import build_parser, engine_options, main
 from kvserve.cli.engine_options import add_engine_options, dest_of, engine_args_from
 from kvserve.engine.engine_args import EngineArgs
+from kvserve.kvcache.hashing import HASH_FUNCTIONS
 
 FIELDS = dataclasses.fields(EngineArgs)
 HINTS = typing.get_type_hints(EngineArgs)
@@ -162,3 +163,16 @@ def test_a_field_the_generator_cannot_type_is_an_error(monkeypatch):
         add_engine_options(argparse.ArgumentParser())
     with pytest.raises(TypeError, match="unhelped"):
         add_engine_options(argparse.ArgumentParser(), only=("unhelped",))
+
+
+def test_engine_argv_gives_the_same_engine_args_again():
+    # `serve --data-parallel-size` hands its engine options to its children this way.
+    given = parse_engine_args(
+        "--block-size", "4", "--no-prefix-caching", "--kv-cache-memory", "2MiB",
+        "--hash", sorted(HASH_FUNCTIONS)[-1], "--engine-seed", "7",
+        "--kv-events-config", '{"enable_kv_cache_events": true}',
+    )  # fmt: skip
+    argv = engine_options.engine_argv(given)
+    assert len(argv) == 6
+    assert parse_engine_args(*argv) == given
+    assert engine_options.engine_argv(EngineArgs()) == []

@@ -38,35 +38,55 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(model: str | None, *extra: str, env: dict[str, str] | None = None) -> Server:
-    """`model` None serves the default model (no --model)."""
-    port = free_port()
+def start_server(
+    model: str | None,
+    *extra: str,
+    env: dict[str, str] | None = None,
+    port: int | None = None,
+    wait: bool = True,
+) -> Server:
+    """`model` None serves the default model (no --model); `wait` False: `wait_healthy` later."""
     engine = [f"--{k.replace('_', '-')}={v}" for k, v in ENGINE.items()]
-    cmd = [sys.executable, "-m", "kvserve.cli", "serve", "--port", str(port)]
-    if model is not None:
-        cmd += ["--model", model]
+    args = ["serve", *(["--model", model] if model is not None else []), *engine, *extra]
+    return start_command(args, model or "", env=env, port=port, wait=wait)
+
+
+def start_command(
+    args: list[str],
+    model: str = "",
+    env: dict[str, str] | None = None,
+    port: int | None = None,
+    wait: bool = True,
+) -> Server:
+    """`kvserve ARGS --port PORT` (a free one unless given) with this tree on the path."""
+    port = port or free_port()
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     full_env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # this tree first
     proc = subprocess.Popen(
-        [*cmd, *engine, *extra],
+        [sys.executable, "-m", "kvserve.cli", *args, "--port", str(port)],
         env=full_env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
-    url = f"http://127.0.0.1:{port}"
+    server = Server(f"http://127.0.0.1:{port}", model, proc)
+    return wait_healthy(server) if wait else server
+
+
+def wait_healthy(server: Server) -> Server:
     deadline = time.monotonic() + START_SECONDS
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"kvserve serve exited: {proc.stdout.read() if proc.stdout else ''}")
+        if server.proc.poll() is not None:
+            out = server.proc.stdout.read() if server.proc.stdout else ""
+            raise RuntimeError(f"kvserve {server.proc.args[3]} exited: {out}")
         try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return Server(url, model or "", proc)
+            if httpx.get(f"{server.url}/health", timeout=1).status_code == 200:
+                return server
         except httpx.HTTPError:
             pass
         time.sleep(0.2)
-    stop_server(Server(url, model or "", proc))
-    raise RuntimeError("kvserve serve did not become healthy in time")
+    stop_server(server)
+    raise RuntimeError(f"kvserve {server.proc.args[3]} did not become healthy in time")
 
 
 def stop_server(server: Server) -> str:

@@ -1,0 +1,13 @@
+"""`kvserve route`: an OpenAI-compatible router over several `kvserve serve` replicas.
+
+It predicts each replica's prefix-cache hit for a request (the replicas' KV
+events fed into a PrefixIndex, the request tokenized as they tokenize it),
+lets a routing policy (kvserve.routing) choose, and forwards the request
+unchanged, relaying the answer byte for byte. It never imports the engine,
+the server or the model's torch code: only the events, the chat template and
+the tokenizer loading.
+"""
+
+from kvserve.router.build import build_router, serve_router
+
+__all__ = ["build_router", "serve_router"]

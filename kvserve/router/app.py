@@ -1,0 +1,138 @@
+"""The router's FastAPI app: OpenAI's routes on several replicas, and its own small endpoints.
+
+POST /v1/completions and /v1/chat/completions are tokenized, their hits
+predicted and forwarded (forward.py); /v1/models, /tokenize and /detokenize
+are forwarded without a prediction. /health is 200 while some replica is
+healthy and the router is not draining; /metrics is the router's own
+registry. With an API key every route but /health and /metrics wants it, as
+on the replicas; the request then goes on with the same header.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from kvserve.router import health
+from kvserve.router.forward import Prediction, error, forward
+from kvserve.router.prompts import extra_keys, prompt_token_ids
+from kvserve.router.replicas import headers
+from kvserve.router.state import RouterState
+
+log = logging.getLogger("kvserve.router")
+PREDICT_TIMEOUT_SECONDS = 10.0
+"""Past this a request goes on without a prediction (the follower is stuck on a replica)."""
+
+
+def create_app(state: RouterState) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state.client = httpx.AsyncClient(
+            headers=headers(state.api_key),
+            timeout=httpx.Timeout(None, connect=5.0),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+        )
+        watcher = asyncio.create_task(health.watch(state))
+        try:
+            yield
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+            await state.client.aclose()
+
+    app = FastAPI(
+        title="kvserve router", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan
+    )
+
+    @app.get("/health")
+    async def health_check() -> Response:
+        up = any(r.healthy for r in state.replicas)
+        return Response(status_code=200 if up and not state.draining else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        from kvserve import __version__
+
+        return {"version": __version__}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await _generate(request, state, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await _generate(request, state, chat=True)
+
+    @app.get("/v1/models")
+    @app.post("/tokenize")
+    @app.post("/detokenize")
+    async def passed_on(request: Request) -> Response:
+        return denied if (denied := _refused(request, state)) else await _plain(request, state)
+
+    return app
+
+
+def _refused(request: Request, state: RouterState) -> Response | None:
+    """401 without the key (compared in constant time); 503 while draining."""
+    if state.api_key is not None:
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            given.strip().encode(), state.api_key.encode()
+        ):
+            return error("a valid API key is required (Authorization: Bearer KEY)", 401)
+    if state.draining:
+        refusal = error("the router is shutting down", 503)
+        refusal.headers["Retry-After"] = "1"
+        return refusal
+    return None
+
+
+async def _plain(request: Request, state: RouterState) -> Response:
+    return await forward(request, state, await request.body(), Prediction(checked=False))
+
+
+async def _generate(request: Request, state: RouterState, chat: bool) -> Response:
+    if (denied := _refused(request, state)) is not None:
+        return denied
+    raw = await request.body()
+    return await forward(request, state, raw, await _predict(state, chat, raw))
+
+
+async def _predict(state: RouterState, chat: bool, raw: bytes) -> Prediction:
+    """The prompts' tokens and each replica's hit; none when the body is not understood."""
+    try:
+        body: Any = json.loads(raw)
+    except ValueError:
+        return Prediction()
+    loop = asyncio.get_running_loop()
+    try:
+        prompts = await loop.run_in_executor(
+            state.tokenizer_thread, prompt_token_ids, state.tokenizer, chat, body
+        )
+    except Exception as exc:  # a template that fails: the replica will say why
+        log.debug("no prediction: %s", exc)
+        return Prediction()
+    if prompts is None:
+        return Prediction()
+    future = state.follower.predict(prompts, extra_keys(body))
+    try:
+        hits = await asyncio.wait_for(asyncio.wrap_future(future), PREDICT_TIMEOUT_SECONDS)
+    except TimeoutError:
+        log.warning("no prediction: the event follower did not answer in time")
+        hits = {}
+    num_tokens = sum(len(p) for p in prompts)
+    return Prediction(num_tokens, [hits.get(r.index) if r.caching else 0 for r in state.replicas])

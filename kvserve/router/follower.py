@@ -1,0 +1,238 @@
+"""`EventFollower`: one thread follows every replica's KV events and answers hit predictions.
+
+ZMQ sockets belong to one thread, and a replica's view must not change while
+a request is matched against it, so one thread owns the subscribers (one per
+replica), the `PrefixIndex` and every match. The event loop hands it work on
+a queue (attach, detach, predict) and wakes it through a pipe that the same
+poller watches.
+
+A prediction must see every batch a replica published before the request
+arrived: a follow-up turn is routed right after the answer to the previous
+one, whose last step's events may still be on their way. So before it
+answers the predictions waiting, the thread asks each replica for its last
+sequence number (`kv-last-seq` on the replay socket) and applies the stream
+up to it: one round trip per replica, shared by every request that arrived
+meanwhile. A replica whose last sequence number went back has restarted: its
+view is rebuilt from a snapshot.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from kvserve.events.index import PrefixIndex
+from kvserve.events.subscriber import KVEventSubscriber, ReplayUnavailable
+
+log = logging.getLogger("kvserve.router")
+RETRY_SECONDS = 2.0
+"""How often a replica whose events could not be followed is tried again."""
+
+
+@dataclass(slots=True, frozen=True)
+class EventSource:
+    """Where one replica publishes (endpoints as the router reaches them) and how it hashes."""
+
+    endpoint: str
+    replay_endpoint: str
+    topic: str
+    metadata: dict[str, Any]
+
+
+Hits = dict[int, int]
+"""Replica index -> predicted hit tokens, for every replica whose view is up to date."""
+
+
+class EventFollower:
+    def __init__(self, request_timeout: float = 1.0) -> None:
+        self.timeout = request_timeout
+        self.index = PrefixIndex()
+        self._sources: dict[int, EventSource] = {}
+        """The replicas to follow."""
+        self._subs: dict[int, KVEventSubscriber] = {}
+        self._waiting: dict[int, float] = {}
+        """Replicas to follow that have no subscriber yet -> when to try next."""
+        self._resyncs: dict[int, int] = {}
+        self._commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="kvserve-router-events", daemon=True)
+
+    # -- any thread -------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        if self._thread.is_alive():
+            self._put("stop", None)
+            self._thread.join(5)
+        self._closed = True  # no write to the pipe from now on: its numbers may be reused
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    def attach(self, replica: int, source: EventSource) -> None:
+        """Follow a replica from scratch (a fresh view: history replayed, else a snapshot)."""
+        self._put("attach", (replica, source))
+
+    def detach(self, replica: int) -> None:
+        """Stop following a replica (it is down): its view is dropped."""
+        self._put("detach", replica)
+
+    def predict(
+        self, prompts: list[list[int]], extra_keys: dict[str, str | None]
+    ) -> concurrent.futures.Future[Hits]:
+        """Each followed replica's hit for these prompts (summed), its view brought up to date."""
+        future: concurrent.futures.Future[Hits] = concurrent.futures.Future()
+        self._put("predict", (prompts, extra_keys, future))
+        return future
+
+    def stats(self, replica: int) -> tuple[bool, int, int]:
+        """(followed, blocks in its view, views rebuilt from a snapshot so far): for /metrics."""
+        view = self.index.engines.get(replica)
+        sub = self._subs.get(replica)
+        resyncs = self._resyncs.get(replica, 0)
+        if sub is not None:
+            resyncs += sub.resyncs + sub.restarts
+        return sub is not None, (view.num_blocks if view is not None else 0), resyncs
+
+    def _put(self, kind: str, payload: Any) -> None:
+        self._commands.put((kind, payload))
+        if self._closed:
+            return
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"!")
+
+    # -- the thread -------------------------------------------------------------------
+
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._wake_r, zmq.POLLIN)
+        try:
+            while True:
+                ready = dict(poller.poll(1000))
+                if self._wake_r in ready:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(self._wake_r, 4096)
+                predictions = self._commands_now(poller)
+                if predictions is None:
+                    return
+                self._retry_waiting(poller)
+                for replica, sub in list(self._subs.items()):
+                    if sub.socket in ready:
+                        try:
+                            sub.poll()
+                        except Exception as exc:
+                            self._lost(replica, poller, exc)
+                if predictions:
+                    self._answer(predictions, poller)
+        finally:
+            for replica in list(self._subs):
+                self._drop(replica, poller)
+
+    def _commands_now(self, poller: zmq.Poller) -> list[tuple[Any, ...]] | None:
+        """Apply the attaches and detaches queued, in order; the predictions asked (None: stop)."""
+        predictions = []
+        while True:
+            try:
+                kind, payload = self._commands.get_nowait()
+            except queue.Empty:
+                return predictions
+            if kind == "stop":
+                return None
+            if kind == "predict":
+                predictions.append(payload)
+            elif kind == "attach":
+                replica, source = payload
+                self._sources[replica] = source
+                self._drop(replica, poller)
+                self._waiting[replica] = 0.0
+            else:
+                self._sources.pop(payload, None)
+                self._drop(payload, poller)
+
+    def _retry_waiting(self, poller: zmq.Poller) -> None:
+        now = time.monotonic()
+        for replica, when in list(self._waiting.items()):
+            if when > now:
+                continue
+            source = self._sources[replica]
+            try:
+                sub = KVEventSubscriber(
+                    source.endpoint,
+                    source.replay_endpoint,
+                    self.index,
+                    engine=replica,
+                    topic=source.topic,
+                    metadata=source.metadata,
+                    request_timeout=self.timeout,
+                )
+            except Exception as exc:
+                self.index.engines.pop(replica, None)
+                self._waiting[replica] = now + RETRY_SECONDS
+                log.warning("replica %d: cannot follow its KV events yet (%s)", replica, exc)
+                continue
+            del self._waiting[replica]
+            self._subs[replica] = sub
+            poller.register(sub.socket, zmq.POLLIN)
+            log.info(
+                "replica %d: following its KV events (%d blocks)", replica, sub.view.num_blocks
+            )
+
+    def _drop(self, replica: int, poller: zmq.Poller) -> None:
+        self._waiting.pop(replica, None)
+        sub = self._subs.pop(replica, None)
+        if sub is not None:
+            self._resyncs[replica] = self._resyncs.get(replica, 0) + sub.resyncs + sub.restarts
+            poller.unregister(sub.socket)
+            sub.close()
+        self.index.engines.pop(replica, None)
+
+    def _lost(self, replica: int, poller: zmq.Poller, exc: Exception) -> None:
+        """A subscriber that failed midway is not trusted: follow the replica from scratch."""
+        log.warning("replica %d: lost its KV events (%s); following it again", replica, exc)
+        self._drop(replica, poller)
+        self._waiting[replica] = time.monotonic() + RETRY_SECONDS
+
+    def _sync(self, sub: KVEventSubscriber) -> None:
+        last = sub.publisher_last_seq()
+        if sub.last_seq is not None and last < sub.last_seq:
+            sub.resync()  # the replica restarted: its sequence numbers began again
+        if last > (-1 if sub.last_seq is None else sub.last_seq):
+            sub.wait_for(last, self.timeout)
+
+    def _answer(self, predictions: list[tuple[Any, ...]], poller: zmq.Poller) -> None:
+        fresh: list[Hashable] = []
+        for replica, sub in list(self._subs.items()):
+            try:
+                self._sync(sub)
+            except (ReplayUnavailable, TimeoutError) as exc:  # slow, or down: ask again next time
+                log.warning("replica %d: its events are not up to date (%s)", replica, exc)
+            except Exception as exc:
+                self._lost(replica, poller, exc)
+            else:
+                fresh.append(replica)
+        for prompts, extra_keys, future in predictions:
+            hits = dict.fromkeys(fresh, 0)
+            try:
+                for tokens in prompts:
+                    for replica, n in self.index.match(tokens, extra_keys).items():
+                        if replica in hits:
+                            hits[replica] += n
+            except Exception as exc:
+                future.set_exception(exc)
+            else:
+                future.set_result(hits)

@@ -1,0 +1,225 @@
+"""Forwarding one request: choose a replica, send the body unchanged, relay the answer unbuffered.
+
+The answer's bytes go to the client as they come, untouched. The first one
+is awaited before the client sees anything, so a replica that refuses the
+connection or drops it before answering costs nothing but a retry: the
+request is sent once more, to another replica (the failed one is marked
+down until its /health answers again). After the first byte, a broken
+answer is the client's to see (a stream ends with an error event).
+
+Loads are kept here: `running` from sending to the answer's end,
+`queued_prefill_tokens` (prompt tokens less the predicted hit) until its
+first byte, when the replica has run the prefill. The predicted hit is
+compared with the `cached_tokens` the answer reports (its last
+`"cached_tokens": N` in the bytes: a JSON string cannot hold that pattern
+unescaped).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+import httpx
+from fastapi import Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from kvserve.router.health import mark_down
+from kvserve.router.replicas import Replica
+from kvserve.router.state import RouterState
+
+log = logging.getLogger("kvserve.router")
+HOP_BY_HOP = frozenset(
+    {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+     "transfer-encoding", "upgrade"}
+)  # fmt: skip
+NOT_SENT = HOP_BY_HOP | {"host", "content-length"}
+"""Request headers httpx sets itself."""
+NOT_RELAYED = HOP_BY_HOP | {"date", "server"}
+"""Response headers uvicorn sets itself."""
+CACHED = re.compile(rb'"cached_tokens":\s*(\d+)')
+TAIL = 64
+"""Bytes kept from the previous chunk, so a match split between chunks is seen."""
+
+
+@dataclass(slots=True)
+class Prediction:
+    """A request's prompt tokens and, per replica, its predicted hit (None: unknown)."""
+
+    num_tokens: int = 0
+    hits: list[int | None] = field(default_factory=list)
+    checked: bool = True
+    """Compare the answer's cached tokens with the hit (False: not a generation request)."""
+
+    def hit(self, replica: int) -> int:
+        return (self.hits[replica] if replica < len(self.hits) else None) or 0
+
+
+def error(message: str, status: int) -> JSONResponse:
+    """OpenAI's error body, for what the router itself refuses."""
+    kind = "service_unavailable_error" if status == 503 else "invalid_request_error"
+    body = {"error": {"message": message, "type": kind, "param": None, "code": None}}
+    return JSONResponse(body, status_code=status)
+
+
+async def forward(
+    request: Request, state: RouterState, raw: bytes, prediction: Prediction
+) -> Response:
+    """Send to the policy's choice; once more elsewhere if it fails before its first byte."""
+    state.in_flight += 1  # until the relay closes, or now if there is none
+    excluded: set[int] = set()
+    failure = "no replica is healthy"
+    for _attempt in range(2):
+        loads = [r.load(r.index in excluded) for r in state.replicas]
+        hits = [prediction.hit(r.index) for r in state.replicas]
+        try:
+            choice = state.policy.choose(prediction.num_tokens, hits, loads)
+        except ValueError:
+            break
+        replica = state.replicas[choice.replica]
+        try:
+            answer = await _send(request, state, replica, raw, prediction)
+        except BaseException:
+            state.in_flight -= 1
+            raise
+        if isinstance(answer, Response):
+            return answer
+        failure = answer
+        excluded.add(replica.index)
+        state.metrics.retries.labels(replica.url).inc()
+        mark_down(state, replica, failure)
+    state.in_flight -= 1
+    return error(f"no replica could take the request: {failure}", 503)
+
+
+async def _send(
+    request: Request, state: RouterState, replica: Replica, raw: bytes, prediction: Prediction
+) -> Response | str:
+    """The relayed answer, or why the replica failed before its first byte."""
+    client = state.http()
+    label = replica.url
+    predicted = prediction.hits[replica.index] if prediction.hits else None
+    prefill = max(prediction.num_tokens - (predicted or 0), 0)
+    replica.running += 1
+    replica.queued_prefill_tokens += prefill
+    state.metrics.requests.labels(label).inc()
+    if predicted is not None:
+        state.metrics.predicted.labels(label).inc(predicted)
+    headers = [(k, v) for k, v in request.headers.items() if k.lower() not in NOT_SENT]
+    upstream_request = client.build_request(
+        request.method,
+        f"{replica.url}{request.url.path}",
+        params=request.url.query or None,
+        headers=headers,
+        content=raw,
+    )
+    upstream: httpx.Response | None = None
+    try:
+        upstream = await client.send(upstream_request, stream=True)
+        chunks = upstream.aiter_raw()
+        first = await anext(chunks, b"")
+    except BaseException as exc:
+        replica.running -= 1
+        if upstream is not None:
+            await upstream.aclose()
+        if isinstance(exc, httpx.TransportError):
+            return f"{replica.url}: {type(exc).__name__}: {exc}"
+        raise
+    finally:
+        replica.queued_prefill_tokens -= prefill
+    watch = _Watch(upstream.status_code, predicted, prediction.checked)
+
+    def done() -> None:
+        replica.running -= 1
+        state.in_flight -= 1
+        watch.report(state, label)
+
+    headers_out = {k: v for k, v in upstream.headers.items() if k.lower() not in NOT_RELAYED}
+    stream = "text/event-stream" in upstream.headers.get("content-type", "")
+    return _Relay(
+        _body(first, chunks, watch, replica.url, stream),
+        status_code=upstream.status_code,
+        headers=headers_out,
+        upstream=upstream,
+        on_close=done,
+    )
+
+
+@dataclass(slots=True)
+class _Watch:
+    """What passes through: the last cached_tokens. A client may close a stream as soon as
+    it has `[DONE]`, before the replica's end of it: seeing the usage is what counts."""
+
+    status: int
+    predicted: int | None
+    checked: bool
+    cached: int | None = None
+    tail: bytes = b""
+
+    def feed(self, chunk: bytes) -> None:
+        window = self.tail + chunk
+        for match in CACHED.finditer(window):
+            self.cached = int(match.group(1))
+        self.tail = window[-TAIL:]
+
+    def report(self, state: RouterState, label: str) -> None:
+        metrics = state.metrics
+        if not self.checked:
+            return
+        if self.cached is not None:
+            metrics.reported.labels(label).inc(self.cached)
+        if self.status != 200 or self.cached is None or self.predicted is None:
+            metrics.unverified.labels(label).inc()
+        elif self.cached == self.predicted:
+            metrics.exact.labels(label).inc()
+        else:
+            metrics.wrong.labels(label).inc()
+            log.info(
+                "predicted %d cached tokens on %s, it reported %d",
+                self.predicted,
+                label,
+                self.cached,
+            )
+
+
+async def _body(
+    first: bytes, chunks: AsyncIterator[bytes], watch: _Watch, url: str, stream: bool
+) -> AsyncIterator[bytes]:
+    if first:
+        watch.feed(first)
+        yield first
+    try:
+        async for chunk in chunks:
+            watch.feed(chunk)
+            yield chunk
+    except httpx.TransportError as exc:
+        log.warning("replica %s broke off an answer: %s", url, exc)
+        if stream:  # say so, as a replica says it when its engine fails
+            message = f"the replica broke off the answer: {type(exc).__name__}"
+            error = {"error": {"message": message, "type": "internal_server_error"}}
+            yield f"data: {json.dumps(error)}\n\ndata: [DONE]\n\n".encode()
+        return
+
+
+class _Relay(StreamingResponse):
+    """Closes the upstream answer and settles the books however the relay ends
+    (finished, client gone, or cancelled)."""
+
+    def __init__(
+        self, content: AsyncIterator[bytes], *, upstream: httpx.Response,
+        on_close: Callable[[], None], **kwargs: object,
+    ) -> None:  # fmt: skip
+        super().__init__(content, **kwargs)  # type: ignore[arg-type]
+        self.upstream = upstream
+        self.on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.upstream.aclose()
+            self.on_close()

@@ -1,0 +1,72 @@
+"""Replicas up and down: /health every `health_interval` seconds, and failures seen in flight.
+
+A replica that fails its check (or a request before any byte) gets no new
+request and its events are no longer followed. When it answers again its
+/kv-metadata is read anew (it may have restarted with other settings, but
+never with another checkpoint or name: then it stays out) and its view is
+rebuilt from scratch: replay from batch 0 if still buffered, else a snapshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import httpx
+
+from kvserve.router.replicas import Replica, disagreement, parse_info
+from kvserve.router.state import RouterState
+
+log = logging.getLogger("kvserve.router")
+
+
+def follow(state: RouterState, replica: Replica) -> None:
+    """Follow the replica's events (those it publishes with a replay socket)."""
+    source = replica.event_source()
+    if source is not None:
+        state.follower.attach(replica.index, source)
+    else:
+        state.follower.detach(replica.index)
+
+
+def mark_down(state: RouterState, replica: Replica, reason: str) -> None:
+    if replica.healthy:
+        log.warning("replica %s is down (%s): no requests go to it", replica.url, reason)
+    replica.healthy = False
+    state.follower.detach(replica.index)
+
+
+async def watch(state: RouterState) -> None:
+    """Runs while the app does (a task of its lifespan)."""
+    while True:
+        await asyncio.gather(*(_check(state, r) for r in state.replicas))
+        await asyncio.sleep(state.health_interval)
+
+
+async def _check(state: RouterState, replica: Replica) -> None:
+    client = state.http()
+    try:
+        ok = (await client.get(f"{replica.url}/health", timeout=2)).status_code == 200
+    except httpx.HTTPError:
+        ok = False
+    if not ok:
+        mark_down(state, replica, "/health failed")
+    elif not replica.healthy:
+        await _revive(state, replica)
+
+
+async def _revive(state: RouterState, replica: Replica) -> None:
+    try:
+        info = parse_info(replica.url, await state.http().get(f"{replica.url}/kv-metadata"))
+    except (httpx.HTTPError, ValueError) as exc:
+        log.warning("replica %s answers /health but not /kv-metadata: %s", replica.url, exc)
+        return
+    reference = next((r for r in state.replicas if r is not replica), replica)
+    problem = disagreement(reference, replica.url, info)
+    if problem is not None:
+        log.error("replica %s stays out: %s", replica.url, problem)
+        return
+    replica.info = info
+    follow(state, replica)
+    replica.healthy = True
+    log.info("replica %s is back", replica.url)

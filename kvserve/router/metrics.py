@@ -1,0 +1,93 @@
+"""The router's /metrics (its own registry): per replica, what was sent and what was predicted.
+
+The prediction is checked against what each answer reports
+(`usage.prompt_tokens_details.cached_tokens`): `prediction_exact_total`
+counts answers whose cached tokens equal the predicted hit,
+`prediction_wrong_total` the others, `prediction_unverified_total` those
+that carried no usage (a stream without `stream_options.include_usage`, an
+error) or had no prediction (a replica whose events are not followed).
+Loads, health and the size of each replica's view are read at scrape time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from kvserve.router.replicas import Replica
+
+PREFIX = "kvserve:router_"
+
+
+class RouterMetrics:
+    def __init__(
+        self, replicas: list[Replica], view_stats: Callable[[int], tuple[bool, int, int]]
+    ) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.labels = [r.url for r in replicas]
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(f"{PREFIX}{name}", doc, ["replica"], registry=self.registry)
+
+        self.requests = counter("requests", "Requests sent to the replica (retries included).")
+        self.retries = counter(
+            "retries", "Requests that failed on the replica before any byte and were resent."
+        )
+        self.predicted = counter(
+            "predicted_hit_tokens", "Prefix-cache hit tokens predicted for requests sent to it."
+        )
+        self.reported = counter(
+            "reported_cached_tokens", "Cached tokens the replica's answers reported."
+        )
+        self.exact = counter(
+            "prediction_exact", "Answers whose cached tokens equal the predicted hit."
+        )
+        self.wrong = counter("prediction_wrong", "Answers whose cached tokens differ from it.")
+        self.unverified = counter(
+            "prediction_unverified", "Answers without usage, or requests without a prediction."
+        )
+        every = (self.requests, self.retries, self.predicted, self.reported)
+        for label in self.labels:  # each series from 0, so rates work from the first scrape
+            for series in (*every, self.exact, self.wrong, self.unverified):
+                series.labels(label)
+        self.registry.register(_Live(replicas, view_stats))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _Live(Collector):
+    """Health, loads and the event-fed views, read when scraped."""
+
+    def __init__(
+        self, replicas: list[Replica], view_stats: Callable[[int], tuple[bool, int, int]]
+    ) -> None:
+        self.replicas = replicas
+        self.view_stats = view_stats
+
+    def collect(self) -> Iterator[Metric]:
+        def gauge(name: str, doc: str) -> GaugeMetricFamily:
+            return GaugeMetricFamily(f"{PREFIX}{name}", doc, labels=["replica"])
+
+        healthy = gauge("replica_healthy", "1 while the replica answers /health with 200.")
+        running = gauge("requests_running", "Requests sent to the replica and not finished.")
+        queued = gauge("queued_prefill_tokens", "Prompt tokens sent whose answer has not begun.")
+        followed = gauge("events_followed", "1 while the router follows the replica's KV events.")
+        blocks = gauge("view_blocks", "Blocks in the router's event-fed view of the replica.")
+        resyncs = CounterMetricFamily(
+            f"{PREFIX}view_resyncs", "Views rebuilt from a snapshot.", labels=["replica"]
+        )
+        for r in self.replicas:
+            is_followed, n_blocks, n_resyncs = self.view_stats(r.index)
+            healthy.add_metric([r.url], float(r.healthy))
+            followed.add_metric([r.url], float(is_followed))
+            running.add_metric([r.url], r.running)
+            queued.add_metric([r.url], r.queued_prefill_tokens)
+            blocks.add_metric([r.url], n_blocks)
+            resyncs.add_metric([r.url], n_resyncs)
+        yield from (healthy, running, queued, followed, blocks, resyncs)

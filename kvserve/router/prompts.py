@@ -1,0 +1,62 @@
+"""A request's prompts as a replica will tokenize them, so the router can predict their hits.
+
+Completions: a string is encoded as the engine encodes it (`tokenizer.encode`,
+special tokens added), token ids are taken as they are, and a batch is a
+list of either. Chat: the messages as the server reads them
+(kvserve.chat_template.openai_messages) through the checkpoint's own
+template (`render`). A body the router does not understand gets no
+prediction: it is forwarded all the same, and the replica answers it
+(with the 400 that names the problem).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvserve.chat_template import openai_messages, render
+
+
+def prompt_token_ids(tokenizer: Any, chat: bool, body: Any) -> list[list[int]] | None:
+    """One token list per prompt the replica will run, or None if unknown."""
+    if not isinstance(body, dict):
+        return None
+    try:
+        if chat:
+            if tokenizer is None:
+                return None
+            return [render(tokenizer, openai_messages(body.get("messages")))[1]]
+        return _completion_prompts(tokenizer, body.get("prompt"))
+    except ValueError:
+        return None
+
+
+def extra_keys(body: Any) -> dict[str, str | None]:
+    """What the engine mixes into a request's block hashes besides its tokens."""
+    salt = body.get("cache_salt") if isinstance(body, dict) else None
+    return {"lora_name": None, "cache_salt": salt if isinstance(salt, str) and salt else None}
+
+
+def _completion_prompts(tokenizer: Any, prompt: Any) -> list[list[int]] | None:
+    if isinstance(prompt, str) or _is_ids(prompt):
+        prompts = [prompt]
+    elif isinstance(prompt, list) and prompt:
+        prompts = prompt
+    else:
+        return None
+    out = []
+    for p in prompts:
+        if _is_ids(p):
+            out.append(list(p))
+        elif isinstance(p, str) and p and tokenizer is not None:
+            out.append(list(tokenizer.encode(p)))
+        else:
+            return None
+    return out
+
+
+def _is_ids(value: Any) -> bool:
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+    )

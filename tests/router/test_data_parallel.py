@@ -1,0 +1,72 @@
+"""`kvserve serve --data-parallel-size 2`: two engines behind one port, stopped as one."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+
+import httpx
+
+from tests.router._workload import conversations
+from tests.router.conftest import (
+    BLOCKS,
+    free_ports,
+    router_series,
+    router_total,
+    stop_all,
+)
+from tests.serve.conftest import scrape, start_server
+
+
+def test_two_ranks_behind_one_port_predict_exactly_and_stop_with_exit_0(demo):
+    base = free_ports(4)  # PUB base, base + 1; replay base + 2, base + 3 (ranks offset by one)
+    events = {"enable_kv_cache_events": True, "endpoint": f"tcp://127.0.0.1:{base}", "bind": True}
+    srv = start_server(
+        demo, "--data-parallel-size", "2", "--num-kv-blocks", BLOCKS,
+        "--kv-events-config", json.dumps(events),
+    )  # fmt: skip
+    try:
+        ranks = sorted({k.split("replica=")[1].rstrip("}") for k in scrape(srv) if "replica=" in k})
+        assert len(ranks) == 2 and srv.url not in ranks
+        metadata = [httpx.get(f"{url}/kv-metadata", timeout=10).json() for url in ranks]
+        assert sorted(m["kv_events"]["endpoint"] for m in metadata) == [
+            f"tcp://127.0.0.1:{base}",
+            f"tcp://127.0.0.1:{base + 1}",
+        ]
+        assert sorted(m["kv_events"]["replay_endpoint"] for m in metadata) == [
+            f"tcp://127.0.0.1:{base + 2}",  # none was named: the event port + N
+            f"tcp://127.0.0.1:{base + 3}",
+        ]
+        cached = conversations(srv.url, srv.model, "dp", n=2, turns=2)
+        assert sum(cached) > 0
+        assert router_total(srv, "prediction_exact_total") == 4, router_series(srv)
+        assert router_total(srv, "prediction_wrong_total") == 0
+        srv.proc.send_signal(signal.SIGTERM)
+        assert srv.proc.wait(60) == 0
+        for url in ranks:  # the children are gone with it
+            try:
+                httpx.get(f"{url}/health", timeout=2)
+                raise AssertionError(f"{url} still answers")
+            except httpx.ConnectError:
+                pass
+    finally:
+        log = stop_all(srv)[0]
+    assert "Traceback" not in log
+    assert log.count("Serving ") == 2
+
+
+def test_event_ports_that_would_meet_across_ranks_are_refused_with_one_line(demo):
+    events = {
+        "enable_kv_cache_events": True,
+        "endpoint": "tcp://127.0.0.1:6000",
+        "replay_endpoint": "tcp://127.0.0.1:6001",
+    }
+    cmd = [sys.executable, "-m", "kvserve.cli", "serve", "--model", demo]
+    cmd += ["--data-parallel-size", "2", "--kv-events-config", json.dumps(events)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    errors = [line for line in done.stderr.splitlines() if "error" in line]
+    assert len(errors) == 1 and "Traceback" not in done.stderr
+    assert "overlap" in errors[0] and "tcp://127.0.0.1:6001" in errors[0]

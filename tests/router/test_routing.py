@@ -1,0 +1,95 @@
+"""Two replicas behind `kvserve route`: every predicted hit is the hit the replica reports."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+
+from tests.router._workload import conversations
+from tests.router.conftest import (
+    router_series,
+    router_total,
+    router_value,
+    start_replicas,
+    start_router,
+    stop_all,
+)
+
+
+@pytest.fixture(scope="module")
+def cluster(demo):
+    replicas = start_replicas(demo, 2)
+    router = None
+    try:
+        router = start_router(replicas)
+        yield replicas, router
+    finally:
+        stop_all(router, *replicas)
+
+
+def test_multi_turn_chats_hit_as_predicted_and_as_on_one_engine(cluster):
+    replicas, router = cluster
+    routed = conversations(router.url, router.model, "routed")
+    assert len(routed) == 12
+    # Every answer's cached_tokens equals the router's prediction for the replica it chose.
+    assert router_total(router, "prediction_exact_total") == 12, router_series(router)
+    assert router_total(router, "prediction_wrong_total") == 0
+    assert router_total(router, "predicted_hit_tokens_total") == sum(routed)
+    assert all(router_value(router, "requests_total", r) > 0 for r in replicas)
+    # One engine alone on the same chats (their own salts: no block of the routed run is shared).
+    alone = conversations(replicas[1].url, router.model, "alone")
+    assert sum(alone) > 0
+    assert sum(routed) >= 0.9 * sum(alone)
+
+
+def sse(url: str, body: dict) -> tuple[list[dict | str], float]:
+    """A stream's events (id and created dropped: they differ per request) and the time
+    from its first event to its last."""
+    events: list[dict | str] = []
+    times = []
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as resp:
+        assert resp.status_code == 200
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        for line in resp.iter_lines():
+            if line.startswith("data: "):
+                times.append(time.monotonic())
+                data = line.removeprefix("data: ")
+                event = data if data == "[DONE]" else json.loads(data)
+                if isinstance(event, dict):
+                    event.pop("id"), event.pop("created")
+                events.append(event)
+    return events, times[-1] - times[0]
+
+
+def test_streams_pass_through_unchanged_and_unbuffered(cluster):
+    replicas, router = cluster
+    body = {
+        "prompt": "Stream me a long answer, token by token.",
+        "max_tokens": 48,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    direct, _ = sse(replicas[0].url, {**body, "cache_salt": "direct"})
+    routed, spread = sse(router.url, {**body, "cache_salt": "routed"})
+    assert routed == direct and len(routed) > 10
+    assert spread > 0.02  # buffered, every event would arrive at once
+
+
+def test_plain_answers_and_errors_pass_through(cluster):
+    replicas, router = cluster
+    body = {"prompt": [5, 6, 7, 8, 9, 10, 11], "max_tokens": 5, "temperature": 0}
+    direct = httpx.post(f"{replicas[0].url}/v1/completions", json=body, timeout=60).json()
+    routed = httpx.post(f"{router.url}/v1/completions", json=body, timeout=60).json()
+    for answer in (direct, routed):
+        answer.pop("id"), answer.pop("created"), answer.pop("usage")
+    assert routed == direct
+    bad = httpx.post(f"{router.url}/v1/completions", json={"prompt": "x", "bogus": 1})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "bogus"
+    models = httpx.get(f"{router.url}/v1/models").json()
+    assert [m["id"] for m in models["data"]] == [router.model]
+    assert httpx.get(f"{router.url}/health").status_code == 200
