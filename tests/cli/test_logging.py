@@ -45,10 +45,11 @@ def test_cli_logs_info_by_default_and_the_library_stays_quiet(demo_path):
 
 def test_every_command_takes_log_level():
     commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    assert len(commands.choices) == 6
+    assert len(commands.choices) == 7
     for name, parser in commands.choices.items():
         required = ["--connect", "tcp://127.0.0.1:1"] if name == "events" else []
         required += ["--model", "m"] if name == "kv-metadata" else []
+        required += ["--replica", "http://127.0.0.1:1"] if name == "route" else []
         assert parser.parse_args([*required]).log_level == "info", name
         assert parser.parse_args([*required, "--log-level", "DEBUG"]).log_level == "debug"
         with pytest.raises(SystemExit):
