@@ -47,6 +47,7 @@ class EngineTiers:
             args.block_size,
             args.hash_fn,
             args.hash_seed,
+            runner.quantization,
         )
         store = build_store(args.offload, fingerprint)
         atexit.register(store.close)  # queued disk writes land before the process exits

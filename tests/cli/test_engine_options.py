@@ -160,3 +160,11 @@ def test_a_field_the_generator_cannot_type_is_an_error(monkeypatch):
         add_engine_options(argparse.ArgumentParser())
     with pytest.raises(TypeError, match="unhelped"):
         add_engine_options(argparse.ArgumentParser(), only=("unhelped",))
+
+
+def test_quantization_choices_are_the_model_rooms():
+    from kvserve.model.quantize import QUANTIZATIONS  # torch: imported here, not at parse time
+
+    action = engine_actions()["quantization"]
+    assert tuple(action.choices) == QUANTIZATIONS and action.default == "none"
+    assert parse_engine_args("--quantization", "int4").quantization == "int4"
