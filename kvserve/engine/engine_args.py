@@ -46,8 +46,16 @@ class EngineArgs:
     )  # fmt: skip
     dtype: str = field(
         default="auto",
-        metadata=_help("auto: float32 on the CPU, bfloat16 on CUDA; float16 on the CPU is "
-                       "many times slower (a warning says so): use bfloat16 there"),
+        metadata=_help(
+            "auto: float32 on the CPU, bfloat16 on CUDA; float16 on the CPU is "
+            "many times slower (a warning says so): use bfloat16 there"
+        ),
+    )
+    quantization: str = field(
+        default="none",
+        metadata=_help("weights of the linear layers, CPU only: none (the dtype's), int8 (per "
+                       "channel), int4 (groups of 32), gguf (a GGUF file's own 4-bit blocks as "
+                       "they are, its other quantized types as int8)"),
     )  # fmt: skip
     seed: int = field(
         default=0, metadata=_help("seed of the sampler for requests without their own seed")

@@ -64,6 +64,7 @@ class LLMEngine:
             device=args.device,
             seed=args.seed,
             num_threads=args.num_threads,
+            quantization=args.quantization,
         )
         self._setup(runner, args)
 

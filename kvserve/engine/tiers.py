@@ -95,6 +95,7 @@ def _model_io(runner: Any, args: EngineArgs) -> tuple[Any, bytes]:
         args.block_size,
         args.hash_fn,
         args.hash_seed,
+        runner.quantization,
     )
     layout = runner.layer_groups
     return KVBlockIO(runner.kv_tensors, layout.layer_group, layout.layer_slot), fingerprint

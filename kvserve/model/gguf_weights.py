@@ -88,18 +88,16 @@ def model_name(gguf_name: str) -> str | None:
 
 def gguf_state_dict(
     reader: GGUFReader,
-    expected: dict[str, tuple[int, ...]],
+    located: dict[str, ReaderTensor],
     config: ModelConfig,
     dtype: torch.dtype,
     device: torch.device,
 ) -> dict[str, torch.Tensor]:
-    """The model's parameters (names as in `expected`) in `dtype` on `device`."""
-    located = locate_tensors(reader, expected)
-    permuted = config.architecture in PERMUTED_ARCHITECTURES
+    """The located tensors (`locate_tensors`) as parameters in `dtype` on `device`."""
     state: dict[str, torch.Tensor] = {}
     for name, tensor in located.items():
         array = dequantized(tensor, reader)
-        heads = _permuted_heads(name, config) if permuted else None
+        heads = permuted_heads(name, config)
         if heads is not None:
             array = unpermute_rows(array, heads)
         state[name] = torch.from_numpy(array).to(device=device, dtype=dtype)
@@ -160,8 +158,10 @@ def unpermute_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
     return np.ascontiguousarray(split.swapaxes(1, 2)).reshape(weight.shape)
 
 
-def _permuted_heads(name: str, config: ModelConfig) -> int | None:
+def permuted_heads(name: str, config: ModelConfig) -> int | None:
     """How many heads the rows of a reordered tensor form (None: not reordered)."""
+    if config.architecture not in PERMUTED_ARCHITECTURES:
+        return None
     if ".self_attn.q_proj." in name:
         return config.num_heads
     if ".self_attn.k_proj." in name:

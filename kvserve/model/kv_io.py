@@ -107,9 +107,10 @@ def kv_fingerprint(
     hash_block_size: int,
     hash_fn: str,
     hash_seed: int,
+    quantization: str = "none",
 ) -> bytes:
     """32 bytes naming everything a stored block's meaning depends on."""
-    described = {
+    described: dict[str, object] = {
         "version": FORMAT_VERSION,
         "model": weights_digest(model_dir),
         "dtype": str(dtype),
@@ -118,4 +119,6 @@ def kv_fingerprint(
         "hash_fn": hash_fn,
         "hash_seed": hash_seed,
     }
+    if quantization != "none":  # packed weights compute other K/V; float keys stay as they were
+        described["quantization"] = quantization
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).digest()

@@ -10,9 +10,11 @@ second copy.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import torch
+from gguf import GGUFReader, ReaderTensor
 from safetensors import safe_open
 
 from kvserve.model.checkpoint import resolve_checkpoint
@@ -23,11 +25,23 @@ from kvserve.model.config import (
     read_json,
 )
 from kvserve.model.errors import ModelLoadError
+from kvserve.model.gguf_blocks import gguf_packed_layers
 from kvserve.model.gguf_config import gguf_config_dicts
 from kvserve.model.gguf_file import open_gguf
-from kvserve.model.gguf_weights import gguf_state_dict
+from kvserve.model.gguf_weights import gguf_state_dict, locate_tensors
 from kvserve.model.models import DecoderForCausalLM, model_class
+from kvserve.model.quant_linear import Int4Linear, packed_bytes
+from kvserve.model.quantize import (
+    KERNEL_DTYPE,
+    QuantSummary,
+    check_quantization,
+    linear_modules,
+    quantize_model,
+    replace_module,
+)
 from kvserve.model.weight_check import check_weights
+
+logger = logging.getLogger(__name__)
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -36,14 +50,25 @@ IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 def load_model(
-    model_dir: str | Path, dtype: torch.dtype, device: torch.device
+    model_dir: str | Path,
+    dtype: torch.dtype,
+    device: torch.device,
+    quantization: str = "none",
 ) -> tuple[DecoderForCausalLM, ModelConfig]:
     """Build the checkpoint's model with its weights; raise ModelLoadError when we cannot.
 
     `model_dir`: a Hugging Face checkpoint directory, a .gguf file, or a
-    directory holding one (kvserve.model.checkpoint).
+    directory holding one (kvserve.model.checkpoint). `quantization`: one of
+    kvserve.model.quantize.QUANTIZATIONS; int8 and int4 pack the loaded
+    weights, gguf keeps a GGUF file's 4-bit blocks (CPU only).
     """
+    check_quantization(quantization, device)
     checkpoint = resolve_checkpoint(model_dir)
+    if quantization == "gguf" and checkpoint.gguf is None:
+        raise ModelLoadError(
+            f"quantization 'gguf' keeps a GGUF file's own blocks, and {model_dir} is a "
+            "Hugging Face checkpoint: use int8 or int4"
+        )
     reader = None
     if checkpoint.gguf is not None:
         reader = open_gguf(checkpoint.gguf)  # parsed once, for the config and the weights
@@ -55,15 +80,44 @@ def load_model(
     with torch.device("meta"):
         model = cls(config)
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    summary = QuantSummary(quantization)
     if reader is not None:
-        state = gguf_state_dict(reader, expected, config, dtype, device)
+        located = locate_tensors(reader, expected)
+        if quantization == "gguf":
+            summary = install_gguf_layers(model, reader, located, config)
+        state = gguf_state_dict(reader, located, config, dtype, device)
     else:
         state = _safetensors_state_dict(checkpoint.directory, expected, config, dtype, device)
     model.load_state_dict(state, strict=True, assign=True)
+    if quantization in ("int8", "int4"):
+        summary = quantize_model(model, quantization)
+    if quantization != "none":
+        summary.bytes = packed_bytes(model)
+        logger.info(summary.describe())
     model.requires_grad_(False)
     model.eval()
     model.init_rotary(device)
     return model, config
+
+
+def install_gguf_layers(
+    model: DecoderForCausalLM,
+    reader: GGUFReader,
+    located: dict[str, ReaderTensor],
+    config: ModelConfig,
+) -> QuantSummary:
+    """Quantization 'gguf': swap in the packed layers (the model is still on the meta
+    device) and drop their weights from `located`, so they are never dequantized."""
+    summary = QuantSummary("gguf")
+    packed = gguf_packed_layers(reader, located, model, config, KERNEL_DTYPE)
+    for name in linear_modules(model):
+        if name not in packed:
+            summary.unpacked.append(name)
+    for name, module in packed.items():
+        replace_module(model, name, module)
+        located.pop(f"{name}.weight", None)  # a tied lm_head's embeddings stay
+        (summary.int4 if isinstance(module, Int4Linear) else summary.int8).append(name)
+    return summary
 
 
 def _safetensors_state_dict(

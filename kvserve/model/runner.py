@@ -133,6 +133,7 @@ class ModelRunner:
         device: str | None = None,
         seed: int = 0,
         num_threads: int | None = None,
+        quantization: str = "none",
     ) -> None:
         """`num_threads` (CPU only, process-wide): default $OMP_NUM_THREADS, else all cores.
 
@@ -151,7 +152,9 @@ class ModelRunner:
             logger.warning(CPU_FLOAT16_WARNING)
         if self.device.type == "cpu":
             torch.set_num_threads(num_threads or _env_threads() or os.cpu_count() or 1)
-        self.model, self.config = load_model(self.model_dir, self.dtype, self.device)
+        self.quantization = quantization
+        """How the weights are stored (kvserve.model.quantize); part of the tiers' fingerprint."""
+        self.model, self.config = load_model(self.model_dir, self.dtype, self.device, quantization)
         self.hash_block_size = block_size
         self.layer_groups: GroupLayout = group_layers(
             layer_kv_specs(self.config, block_size, self.dtype)

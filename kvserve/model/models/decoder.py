@@ -138,5 +138,11 @@ class DecoderForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits in float32 (the sampler's precision) for the selected hidden states."""
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return nn.functional.linear(hidden, weight).float()
+        return self.project_logits(hidden).float()
+
+    def project_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Hidden states times the lm_head, or the embeddings when tied (a quantized model
+        may hold a packed lm_head even then: kvserve.model.quantize)."""
+        if self.lm_head is None:
+            return nn.functional.linear(hidden, self.model.embed_tokens.weight)
+        return self.lm_head(hidden)

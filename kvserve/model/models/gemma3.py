@@ -170,8 +170,7 @@ class Gemma3ForCausalLM(DecoderForCausalLM):
         return self.model.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        logits = nn.functional.linear(hidden, weight)
+        logits = self.project_logits(hidden)
         if self.final_softcap is not None:
             logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
         return logits.float()
