@@ -74,8 +74,7 @@ def machine_line() -> str:
 
     return (
         f"{datetime.date.today()}  {cpu_model()}, {os.cpu_count()} cores, Python "
-        f"{platform.python_version()}, torch {version('torch')}, kvserve {version('kvserve')}, "
-        f"vllm-router {version('vllm-router')}"
+        f"{platform.python_version()}, torch {version('torch')}, kvserve {version('kvserve')}"
     )
 
 
@@ -144,6 +143,11 @@ def main() -> int:
     if live is not None:
         print_live(live[0], args, live[1])
     for r in live[1] if live else []:
+        if r.dropped:
+            notes.append(
+                f"{r.label}: each replica behind route_shim.py, which dropped the fields "
+                f"kvserve serve refuses: {', '.join(r.dropped)}"
+            )
         if r.summary["errors"]:
             notes.append(
                 f"{r.label}: {r.summary['errors']} failed, e.g. {r.summary['first_error']}"

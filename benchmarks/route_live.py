@@ -30,6 +30,7 @@ KVSERVE_CA = "kvserve route, cache-aware"
 VLLM_RR = "vllm-router, round_robin"
 VLLM_CA = "vllm-router, cache_aware"
 TARGETS = (KVSERVE_CA, VLLM_RR, VLLM_CA)
+SHIM = Path(__file__).with_name("route_shim.py")
 VLLM_ROUTER_DIR = Path("/tmp/vllm-router-pkg")
 """Where the benchmark's README installs the vllm-router wheel (outside the project venv)."""
 
@@ -41,6 +42,8 @@ class LiveResult:
     cached_tokens: int
     per_replica: list[dict[str, float]] = field(default_factory=list)
     """Each replica's /metrics deltas over the run: requests, prompt and cached tokens."""
+    dropped: list[str] = field(default_factory=list)
+    """What the shims removed from vllm-router's bodies (field=value, first of each)."""
 
 
 def find_vllm_router(given: str | None) -> tuple[list[str], str | None] | str:
@@ -54,6 +57,16 @@ def find_vllm_router(given: str | None) -> tuple[list[str], str | None] | str:
     return [path], extra
 
 
+def vllm_router_version(vllm: tuple[list[str], str | None] | str) -> str:
+    """`vllm-router X.Y.Z` from its dist-info (it is not installed in this interpreter)."""
+    if isinstance(vllm, str):
+        return "vllm-router: none"
+    exe, extra = vllm
+    infos = sorted(Path(extra).glob("vllm_router-*.dist-info")) if extra else []
+    found = infos[-1].name.removesuffix(".dist-info").split("-", 1)[1] if infos else "?"
+    return f"vllm-router {found} ({exe[0]})"
+
+
 def replica_process(args: argparse.Namespace, rank: int, logs: Path) -> Process:
     events = {
         "enable_kv_cache_events": True,
@@ -65,10 +78,14 @@ def replica_process(args: argparse.Namespace, rank: int, logs: Path) -> Process:
     return kvserve_process(args, f"replica {rank}", extra, logs)
 
 
+def shim_process(replica: Process, logs: Path) -> Process:
+    cmd = [sys.executable, str(SHIM), "--upstream", replica.url, "--port", "{port}"]
+    return Process(f"shim of {replica.what}", cmd, child_env(1), logs)
+
+
 def router_process(
-    label: str, replicas: list[Process], vllm: tuple[list[str], str | None] | None, logs: Path
+    label: str, urls: list[str], vllm: tuple[list[str], str | None] | None, logs: Path
 ) -> Process:
-    urls = [r.url for r in replicas]
     if label == KVSERVE_CA:
         cmd = [sys.executable, "-m", "kvserve.cli", "route", "--port", "{port}"]
         cmd += ["--policy", "cache-aware"]
@@ -112,10 +129,17 @@ def run_target(
     note(f"{label}: starting {args.live_replicas} replicas and the router")
     replicas = [replica_process(args, rank, logs) for rank in range(args.live_replicas)]
     router: Process | None = None
+    shims: list[Process] = []
     try:
         for r in replicas:
             r.wait_ready()
-        router = router_process(label, replicas, vllm, logs)
+        urls = [r.url for r in replicas]
+        if label != KVSERVE_CA and not args.no_shim:
+            shims = [shim_process(r, logs) for r in replicas]
+            for s in shims:
+                s.wait_ready()
+            urls = [s.url for s in shims]
+        router = router_process(label, urls, vllm, logs)
         router.wait_ready()
         target = Target(router.url, "bench", {"ignore_eos": True})
         warm = LoadWorkload("warm-up", [warm_up_prompt(), Conversation("Be brief.", ("Hi!",))], "")
@@ -131,12 +155,16 @@ def run_target(
     finally:
         if router is not None:
             router.stop()
-        for r in replicas:
-            r.stop()
+        for p in [*shims, *replicas]:
+            p.stop()
     flat = [res for job in run.results for res in job if res.error is None]
     deltas = [{k: a[k] - b[k] for k in a} for a, b in zip(after, before, strict=True)]
     cached = sum(res.cached_tokens or 0 for res in flat)
-    return LiveResult(label, summarize([run]), cached, deltas)
+    lines = [line for s in shims for line in s.tail().splitlines()]
+    dropped = sorted(
+        {line.removeprefix("dropped ") for line in lines if line.startswith("dropped ")}
+    )
+    return LiveResult(label, summarize([run]), cached, deltas, dropped)
 
 
 def run_live(args: argparse.Namespace, notes: list[str]) -> tuple[str, list[LiveResult]]:
@@ -181,7 +209,7 @@ def run_live(args: argparse.Namespace, notes: list[str]) -> tuple[str, list[Live
                     raise
                 notes.append(f"{label} skipped: {str(exc).splitlines()[0]}")
                 note(notes[-1])
-    return f"{model}; {workload.shape}", results
+    return f"{model}; {workload.shape}; {vllm_router_version(vllm)}", results
 
 
 def add_live_args(p: argparse.ArgumentParser, positive: Any) -> None:
@@ -198,6 +226,11 @@ def add_live_args(p: argparse.ArgumentParser, positive: Any) -> None:
     g.add_argument("--concurrency", type=positive, default=16, help="clients (chats in flight)")
     g.add_argument("--threads", type=positive, default=1, help="CPU threads of each replica")
     g.add_argument("--engine-args", default="", help="more `kvserve serve` flags per replica")
+    g.add_argument(
+        "--no-shim",
+        action="store_true",
+        help="vllm-router straight to the replicas (its extra body fields get 400s)",
+    )
     g.add_argument(
         "--vllm-router",
         metavar="PATH",
