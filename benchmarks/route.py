@@ -81,7 +81,7 @@ def machine_line() -> str:
 def print_simulate(args: argparse.Namespace, rows: list[SimRow]) -> None:
     print(f"### simulate ({POOL_RULE.format(block_size=args.block_size)}", end="")
     print(f"; x {args.pool_scale:g})\n" if args.pool_scale != 1 else ")\n")
-    header, body = sim_table(rows, args.block_size, args.pool_scale)
+    header, body = sim_table(rows)
     table(header, body)
 
 

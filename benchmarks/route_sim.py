@@ -34,8 +34,9 @@ class SimRow:
     replicas: int
     num_blocks: int
     report: dict[str, Any]
-    """One `simulate_replicas` report per policy."""
+    """The first policy's report (its `single_pool` is every policy's)."""
     by_policy: dict[str, dict[str, Any]]
+    """One `simulate_replicas` report per policy."""
 
 
 def build_workloads(args: argparse.Namespace) -> list[Workload]:
@@ -98,12 +99,11 @@ def needed_blocks(workload: Workload, block_size: int) -> int:
 
 def run_simulate(args: argparse.Namespace, note: Any) -> list[SimRow]:
     rows = []
-    config_base = SimConfig(block_size=args.block_size)
     for workload in build_workloads(args):
         need = needed_blocks(workload, args.block_size)
         for n in args.replicas:
             blocks = math.ceil(need * args.pool_scale / n)
-            config = SimConfig(block_size=config_base.block_size, num_blocks=blocks)
+            config = SimConfig(block_size=args.block_size, num_blocks=blocks)
             by_policy = {}
             for policy in args.policies:
                 note(f"simulate: {workload.name}, {n} replicas x {blocks} blocks, {policy}")
@@ -113,7 +113,7 @@ def run_simulate(args: argparse.Namespace, note: Any) -> list[SimRow]:
     return rows
 
 
-def sim_table(rows: list[SimRow], block_size: int, pool_scale: float) -> tuple[list, list]:
+def sim_table(rows: list[SimRow]) -> tuple[list[str], list[list[str]]]:
     """The header and rows of the simulate table."""
     header = [
         "workload",
