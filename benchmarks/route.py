@@ -28,7 +28,9 @@ on free loopback ports, behind `kvserve route --policy cache-aware`, then
 (fresh replicas each time) behind vllm-router with `round_robin` and
 `cache_aware`. vllm-router is a benchmark-only dependency, installed outside
 the project's venv (see benchmarks/README.md); without it that part is
-skipped with a note. The workload is serve_load.py's multi-turn chats, each
+skipped with a note. It adds fields of its own to every body, which
+`kvserve serve` refuses, so behind it each replica has route_shim.py in
+front, a proxy that drops them (`--no-shim`: none). The workload is serve_load.py's multi-turn chats, each
 turn's prompt the whole history, `--concurrency` chats at once, streamed
 with `stream_options.include_usage`. Figures: the sum of every answer's
 `usage.prompt_tokens_details.cached_tokens`, TTFT p50 / p99, and each
