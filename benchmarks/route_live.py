@@ -1,0 +1,238 @@
+"""The live part of benchmarks/route.py: `kvserve serve` replicas behind a router.
+
+Every target gets fresh replicas (empty caches, counters at zero), started by
+this script on free loopback ports with KV events and a replay socket each
+(what `kvserve route`'s cache-aware policy reads; vllm-router reads none),
+and one router in front of them. The client (serve_load.py) streams the same
+multi-turn chats through the router; the replicas' own /metrics say where
+the requests went.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from serve_load import Conversation, Run, Target, run_workload, summarize
+from serve_load import Workload as LoadWorkload
+from serve_load import multi_turn as chat_workload
+from serve_targets import Process, child_env, free_port, kvserve_process, note, warm_up_prompt
+
+KVSERVE_CA = "kvserve route, cache-aware"
+VLLM_RR = "vllm-router, round_robin"
+VLLM_CA = "vllm-router, cache_aware"
+TARGETS = (KVSERVE_CA, VLLM_RR, VLLM_CA)
+SHIM = Path(__file__).with_name("route_shim.py")
+VLLM_ROUTER_DIR = Path("/tmp/vllm-router-pkg")
+"""Where the benchmark's README installs the vllm-router wheel (outside the project venv)."""
+
+
+@dataclass(slots=True)
+class LiveResult:
+    label: str
+    summary: dict[str, Any]
+    cached_tokens: int
+    per_replica: list[dict[str, float]] = field(default_factory=list)
+    """Each replica's /metrics deltas over the run: requests, prompt and cached tokens."""
+    dropped: list[str] = field(default_factory=list)
+    """What the shims removed from vllm-router's bodies (field=value, first of each)."""
+
+
+def find_vllm_router(given: str | None) -> tuple[list[str], str | None] | str:
+    """(command, extra PYTHONPATH) of vllm-router, or why it cannot run (one line)."""
+    path = given or shutil.which("vllm-router") or str(VLLM_ROUTER_DIR / "bin" / "vllm-router")
+    if not os.access(path, os.X_OK):
+        return f"no vllm-router executable at {path} (--vllm-router PATH)"
+    # A `pip install --target DIR` script imports its package from DIR.
+    root = Path(path).resolve().parent.parent
+    extra = str(root) if (root / "vllm_router").is_dir() else None
+    return [path], extra
+
+
+def vllm_router_version(vllm: tuple[list[str], str | None] | str) -> str:
+    """`vllm-router X.Y.Z` from its dist-info (it is not installed in this interpreter)."""
+    if isinstance(vllm, str):
+        return "vllm-router: none"
+    exe, extra = vllm
+    infos = sorted(Path(extra).glob("vllm_router-*.dist-info")) if extra else []
+    found = infos[-1].name.removesuffix(".dist-info").split("-", 1)[1] if infos else "?"
+    return f"vllm-router {found} ({exe[0]})"
+
+
+def replica_process(args: argparse.Namespace, rank: int, logs: Path) -> Process:
+    events = {
+        "enable_kv_cache_events": True,
+        "endpoint": f"tcp://127.0.0.1:{free_port()}",
+        "replay_endpoint": f"tcp://127.0.0.1:{free_port()}",
+        "bind": True,  # an explicit loopback endpoint: bound, as `serve`'s default is
+    }
+    extra = ["--kv-events-config", json.dumps(events)]
+    return kvserve_process(args, f"replica {rank}", extra, logs)
+
+
+def shim_process(replica: Process, logs: Path) -> Process:
+    cmd = [sys.executable, str(SHIM), "--upstream", replica.url, "--port", "{port}"]
+    return Process(f"shim of {replica.what}", cmd, child_env(1), logs)
+
+
+def router_process(
+    label: str, urls: list[str], vllm: tuple[list[str], str | None] | None, logs: Path
+) -> Process:
+    if label == KVSERVE_CA:
+        cmd = [sys.executable, "-m", "kvserve.cli", "route", "--port", "{port}"]
+        cmd += ["--policy", "cache-aware"]
+        for url in urls:
+            cmd += ["--replica", url]
+        return Process(label, cmd, child_env(1), logs)
+    assert vllm is not None
+    exe, extra_path = vllm
+    policy = "round_robin" if label == VLLM_RR else "cache_aware"
+    cmd = [*exe, "--host", "127.0.0.1", "--port", "{port}", "--policy", policy]
+    cmd += ["--worker-urls", *urls]
+    return Process(label, cmd, child_env(1, extra_path), logs)
+
+
+def scrape(url: str) -> dict[str, float]:
+    """A replica's counters: finished requests, prompt tokens, prefix-cache hit tokens."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    out = {"requests": 0.0, "prompt_tokens": 0.0, "cached_tokens": 0.0}
+    names = {
+        "kvserve:request_success_total": "requests",
+        "kvserve:prompt_tokens_total": "prompt_tokens",
+        "kvserve:prefix_cache_hits_total": "cached_tokens",
+    }
+    for line in text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in names:
+            out[names[name]] += float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def run_target(
+    label: str,
+    args: argparse.Namespace,
+    workload: LoadWorkload,
+    vllm: tuple[list[str], str | None] | None,
+    logs: Path,
+) -> LiveResult:
+    """Fresh replicas and one router; warm up, then the chats; the replicas' deltas."""
+    note(f"{label}: starting {args.live_replicas} replicas and the router")
+    replicas = [replica_process(args, rank, logs) for rank in range(args.live_replicas)]
+    router: Process | None = None
+    shims: list[Process] = []
+    try:
+        for r in replicas:
+            r.wait_ready()
+        urls = [r.url for r in replicas]
+        if label != KVSERVE_CA and not args.no_shim:
+            shims = [shim_process(r, logs) for r in replicas]
+            for s in shims:
+                s.wait_ready()
+            urls = [s.url for s in shims]
+        router = router_process(label, urls, vllm, logs)
+        router.wait_ready()
+        target = Target(router.url, "bench", {"ignore_eos": True})
+        warm = LoadWorkload("warm-up", [warm_up_prompt(), Conversation("Be brief.", ("Hi!",))], "")
+        asyncio.run(run_workload(target, warm, 1, 4, float("inf"), 0))
+        before = [scrape(r.url) for r in replicas]
+        note(f"  {workload.name}: {len(workload.jobs)} chats")
+        run: Run = asyncio.run(
+            run_workload(
+                target, workload, args.concurrency, args.max_tokens, float("inf"), args.seed
+            )
+        )
+        after = [scrape(r.url) for r in replicas]
+    finally:
+        if router is not None:
+            router.stop()
+        for p in [*shims, *replicas]:
+            p.stop()
+    flat = [res for job in run.results for res in job if res.error is None]
+    deltas = [{k: a[k] - b[k] for k in a} for a, b in zip(after, before, strict=True)]
+    cached = sum(res.cached_tokens or 0 for res in flat)
+    lines = [line for s in shims for line in s.tail().splitlines()]
+    dropped = sorted(
+        {line.removeprefix("dropped ") for line in lines if line.startswith("dropped ")}
+    )
+    return LiveResult(label, summarize([run]), cached, deltas, dropped)
+
+
+def run_live(args: argparse.Namespace, notes: list[str]) -> tuple[str, list[LiveResult]]:
+    """(model description, one result per target that ran)."""
+    import tempfile
+
+    from kvserve.model.demo import ensure_demo_model
+    from kvserve.model.tokenizer import load_tokenizer
+
+    if args.model is None:
+        args.model = ensure_demo_model()
+        model = f"the demo checkpoint ({args.model})"
+    else:
+        model = args.model
+    tokenizer = load_tokenizer(args.model)
+    if tokenizer is None:
+        raise SystemExit(f"error: {args.model} has no tokenizer; the chats are text")
+
+    def count(text: str) -> int:
+        return len(tokenizer.encode(text))
+
+    workload = chat_workload(
+        args.seed, args.conversations, args.turns, args.first_turn_tokens, args.turn_tokens, count
+    )
+    vllm = find_vllm_router(args.vllm_router)
+    if isinstance(vllm, str):
+        notes.append(f"vllm-router skipped: {vllm}.")
+        note(notes[-1])
+    results = []
+    with tempfile.TemporaryDirectory(prefix="kvserve-routebench-") as logs:
+        for label in TARGETS:
+            if label != KVSERVE_CA and isinstance(vllm, str):
+                continue
+            try:
+                results.append(
+                    run_target(
+                        label, args, workload, None if isinstance(vllm, str) else vllm, Path(logs)
+                    )
+                )
+            except SystemExit as exc:  # a router that does not start: a note, not the end
+                if label == KVSERVE_CA:
+                    raise
+                notes.append(f"{label} skipped: {str(exc).splitlines()[0]}")
+                note(notes[-1])
+    return f"{model}; {workload.shape}; {vllm_router_version(vllm)}", results
+
+
+def add_live_args(p: argparse.ArgumentParser, positive: Any) -> None:
+    g = p.add_argument_group("live part")
+    g.add_argument(
+        "--model", help="checkpoint of every replica (default: the tiny demo checkpoint)"
+    )
+    g.add_argument("--live-replicas", type=positive, default=2, help="kvserve serve replicas")
+    g.add_argument("--conversations", type=positive, default=16, help="chats")
+    g.add_argument("--turns", type=positive, default=4, help="turns per chat")
+    g.add_argument("--first-turn-tokens", type=positive, default=256, help="first message")
+    g.add_argument("--turn-tokens", type=positive, default=32, help="each later message")
+    g.add_argument("--max-tokens", type=positive, default=32, help="answer tokens (ignore_eos)")
+    g.add_argument("--concurrency", type=positive, default=16, help="clients (chats in flight)")
+    g.add_argument("--threads", type=positive, default=1, help="CPU threads of each replica")
+    g.add_argument("--engine-args", default="", help="more `kvserve serve` flags per replica")
+    g.add_argument(
+        "--no-shim",
+        action="store_true",
+        help="vllm-router straight to the replicas (its extra body fields get 400s)",
+    )
+    g.add_argument(
+        "--vllm-router",
+        metavar="PATH",
+        help=f"vllm-router executable (default: on PATH, else {VLLM_ROUTER_DIR}/bin)",
+    )
