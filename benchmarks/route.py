@@ -30,11 +30,11 @@ on free loopback ports, behind `kvserve route --policy cache-aware`, then
 the project's venv (see benchmarks/README.md); without it that part is
 skipped with a note. It adds fields of its own to every body, which
 `kvserve serve` refuses, so behind it each replica has route_shim.py in
-front, a proxy that drops them (`--no-shim`: none). The workload is serve_load.py's multi-turn chats, each
-turn's prompt the whole history, `--concurrency` chats at once, streamed
-with `stream_options.include_usage`. Figures: the sum of every answer's
-`usage.prompt_tokens_details.cached_tokens`, TTFT p50 / p99, and each
-replica's requests, prompt tokens and prefix-cache hits from its own
+front, a proxy that drops them (`--no-shim`: none). The workload is
+serve_load.py's multi-turn chats, each turn's prompt the whole history,
+`--concurrency` chats at once, streamed with `stream_options.include_usage`.
+Figures: the sum of every answer's `usage.prompt_tokens_details.cached_tokens`,
+TTFT p50 / p99, and each replica's requests, prompt tokens and prefix-cache hits from its own
 /metrics (deltas over the run, warm-up excluded). Ratios: kvserve
 cache-aware ÷ vllm-router cache_aware for cached tokens (target ≥ 1.3 at 4
 replicas) and for TTFT p99.
