@@ -10,41 +10,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from types import FrameType
 
 import uvicorn
 
+from kvserve.graceful_server import GracefulServer
 from kvserve.router.state import RouterState
 
 log = logging.getLogger("kvserve.router")
 POLL_SECONDS = 0.05
 
 
-class RouterServer(uvicorn.Server):
+class RouterServer(GracefulServer):
     def __init__(self, config: uvicorn.Config, state: RouterState, shutdown_timeout: float):
-        super().__init__(config)
+        super().__init__(config, shutdown_timeout)
         self.state = state
-        self.shutdown_timeout = shutdown_timeout
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._now = asyncio.Event()
-        self.signalled = False
 
-    async def startup(self, sockets: list | None = None) -> None:  # type: ignore[override]
-        self._loop = asyncio.get_running_loop()
-        await super().startup(sockets)
-
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        """In the main thread between the loop's callbacks: only schedule work here."""
-        loop = self._loop
-        if loop is None:
-            self.should_exit = True
-        elif self.signalled:
-            loop.call_soon_threadsafe(self._now.set)
-        else:
-            self.signalled = True
-            loop.call_soon_threadsafe(lambda: loop.create_task(self._drain()))
-
-    async def _drain(self) -> None:
+    async def drain(self) -> None:
         state = self.state
         state.draining = True
         loop = asyncio.get_running_loop()
@@ -52,6 +33,5 @@ class RouterServer(uvicorn.Server):
         if state.in_flight:
             log.info("shutting down: waiting up to %gs for %d requests", self.shutdown_timeout,
                      state.in_flight)  # fmt: skip
-        while state.in_flight and loop.time() < deadline and not self._now.is_set():
+        while state.in_flight and loop.time() < deadline and not self.hurry.is_set():
             await asyncio.sleep(POLL_SECONDS)
-        self.should_exit = True

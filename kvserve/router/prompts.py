@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvserve.chat_template import openai_messages, render
+from kvserve.prompt_fields import completion_prompts
 
 
 def prompt_token_ids(tokenizer: Any, chat: bool, body: Any) -> list[list[int]] | None:
@@ -37,26 +38,7 @@ def extra_keys(body: Any) -> dict[str, str | None]:
 
 
 def _completion_prompts(tokenizer: Any, prompt: Any) -> list[list[int]] | None:
-    if isinstance(prompt, str) or _is_ids(prompt):
-        prompts = [prompt]
-    elif isinstance(prompt, list) and prompt:
-        prompts = prompt
-    else:
+    prompts = completion_prompts(prompt)  # a ValueError: the caller gives no prediction
+    if tokenizer is None and any(isinstance(p, str) for p in prompts):
         return None
-    out = []
-    for p in prompts:
-        if _is_ids(p):
-            out.append(list(p))
-        elif isinstance(p, str) and p and tokenizer is not None:
-            out.append(list(tokenizer.encode(p)))
-        else:
-            return None
-    return out
-
-
-def _is_ids(value: Any) -> bool:
-    return (
-        isinstance(value, list)
-        and bool(value)
-        and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
-    )
+    return [list(p) if isinstance(p, list) else list(tokenizer.encode(p)) for p in prompts]

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from types import FrameType
 
 import uvicorn
 
+from kvserve.graceful_server import GracefulServer
 from kvserve.serve.state import ServerState
 
 log = logging.getLogger("kvserve.serve")
@@ -25,30 +25,10 @@ ABORT_GRACE_SECONDS = 2.0
 """After aborting: time for the handlers to send their last chunks before connections close."""
 
 
-class DrainingServer(uvicorn.Server):
+class DrainingServer(GracefulServer):
     def __init__(self, config: uvicorn.Config, state: ServerState, shutdown_timeout: float):
-        super().__init__(config)
+        super().__init__(config, shutdown_timeout)
         self.state = state
-        self.shutdown_timeout = shutdown_timeout
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._hurry = asyncio.Event()
-        self.signalled = False
-
-    async def startup(self, sockets: list | None = None) -> None:  # type: ignore[override]
-        self._loop = asyncio.get_running_loop()
-        await super().startup(sockets)
-
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        """Runs in the main thread between the loop's callbacks: only schedule work here."""
-        loop = self._loop
-        if loop is None:  # not started yet: nothing to drain
-            self.should_exit = True
-            return
-        if self.signalled:
-            loop.call_soon_threadsafe(self._hurry.set)
-            return
-        self.signalled = True
-        loop.call_soon_threadsafe(lambda: loop.create_task(self.drain()))
 
     async def drain(self) -> None:
         state = self.state
@@ -61,7 +41,7 @@ class DrainingServer(uvicorn.Server):
                 "shutting down: waiting up to %gs for running requests (again to stop now)",
                 self.shutdown_timeout,
             )
-        while not engine.idle() and loop.time() < deadline and not self._hurry.is_set():
+        while not engine.idle() and loop.time() < deadline and not self.hurry.is_set():
             await asyncio.sleep(POLL_SECONDS)
         if not engine.idle():
             log.info("shutting down: aborting the requests still running")
@@ -70,4 +50,3 @@ class DrainingServer(uvicorn.Server):
             while not engine.idle() and loop.time() < grace:
                 await asyncio.sleep(POLL_SECONDS)
         await asyncio.sleep(POLL_SECONDS)  # let the handlers send their last chunks
-        self.should_exit = True

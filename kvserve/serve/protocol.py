@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from kvserve import prompt_fields
 from kvserve.chat_template import openai_messages
 from kvserve.sampling_params import RequestOutputKind, SamplingParams
 from kvserve.serve.errors import APIError
@@ -144,32 +145,13 @@ def _flag(body: dict[str, Any], name: str) -> bool:
 
 def completion_prompts(body: dict[str, Any]) -> list[str | list[int]]:
     """The prompts: a string, a list of token ids, or a list of either (a batch)."""
-    prompt = body.get("prompt")
-    if _is_ids(prompt) or isinstance(prompt, str):
-        prompts = [prompt]
-    elif isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
-        prompts = prompt
-    else:
-        raise APIError(
-            "prompt must be a string, a list of token ids, or a list of either", param="prompt"
-        )
+    try:
+        prompts = prompt_fields.completion_prompts(body.get("prompt"))
+    except ValueError as exc:
+        raise APIError(str(exc), param="prompt") from None
     if len(prompts) > MAX_BATCH_PROMPTS:
         raise APIError(f"at most {MAX_BATCH_PROMPTS} prompts per request", param="prompt")
-    for i, p in enumerate(prompts):
-        if not (isinstance(p, str) and p) and not _is_ids(p):
-            where = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
-            raise APIError(
-                f"{where} must be a non-empty string or list of token ids", param="prompt"
-            )
     return prompts
-
-
-def _is_ids(value: Any) -> bool:
-    return (
-        isinstance(value, list)
-        and bool(value)
-        and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
-    )
 
 
 def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:

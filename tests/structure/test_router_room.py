@@ -16,6 +16,8 @@ ALLOWED = (
     "kvserve.events",
     "kvserve.chat_template",
     "kvserve.model.tokenizer",
+    "kvserve.prompt_fields",
+    "kvserve.graceful_server",
 )
 
 
