@@ -53,7 +53,7 @@ class CacheEntry:
     slot: int
     block_hash: bytes
     group: int
-    token_ids: list[int] | tuple[int, ...]
+    token_ids: tuple[int, ...]
     extra: bytes
     parent_cache_id: int
     cache_id: int

@@ -19,15 +19,18 @@ class NoFreeBlocksError(RuntimeError):
 class BlockPool:
     """Fixed set of blocks shared by every group.
 
-    Free blocks wait in an LRU queue (an OrderedDict: O(1) pop from the front,
-    append, and removal from the middle when a freed cached block gets a hit).
-    A freed block keeps its index entry until it is handed out again (lazy
-    eviction), so a later request can still hit it. Blocks that hold nothing
-    reusable go to the front: they are the cheapest to give away. Block 0 is
-    the null block and is never handed out.
+    Free blocks wait in one queue, in two parts. At the front, blocks that
+    hold nothing reusable (a list used as a stack: the last one freed is the
+    next one handed out, and a run of them is handed out in one slice): they
+    are the cheapest to give away. Behind them, cached free blocks in LRU
+    order (an OrderedDict: O(1) pop from the front, append, and removal from
+    the middle when a freed cached block gets a hit). A freed block keeps its
+    index entry until it is handed out again (lazy eviction), so a later
+    request can still hit it. Block 0 is the null block and is never handed out.
     """
 
     __slots__ = (
+        "_empty",
         "_epoch",
         "_free",
         "_holders",
@@ -45,9 +48,10 @@ class BlockPool:
                 f"num_blocks must be >= 2 (block 0 is the null block), got {num_blocks}"
             )
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
-        self._free: OrderedDict[int, KVBlock] = OrderedDict(
-            (b.block_id, b) for b in self.blocks[1:]
-        )
+        self._empty: list[KVBlock] = self.blocks[:0:-1]
+        """Free blocks holding nothing reusable; the last is the front of the queue."""
+        self._free: OrderedDict[int, KVBlock] = OrderedDict()
+        """Free cached blocks, least recently used first (behind the empty ones)."""
         self.index: list[dict[bytes, KVBlock]] = [{} for _ in range(num_groups)]
         """Per group: hash -> cached block (a CacheEntry in inflated attention groups)."""
         self.pending: list[KVBlock | CacheEntry] = []
@@ -71,78 +75,104 @@ class BlockPool:
 
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        return len(self._empty) + len(self._free)
 
     @property
     def num_used(self) -> int:
-        return len(self.blocks) - 1 - len(self._free)
+        return len(self.blocks) - 1 - len(self._empty) - len(self._free)
 
     def free_block_ids(self) -> list[int]:
         """Block ids in eviction order (front first)."""
-        return list(self._free)
+        return [b.block_id for b in reversed(self._empty)] + list(self._free)
 
     def take(self, n: int) -> list[KVBlock]:
         """Hand out `n` blocks from the front of the queue, evicting their entries."""
+        empty = self._empty
         free = self._free
-        if n > len(free):
-            raise NoFreeBlocksError(f"asked for {n} blocks, {len(free)} free")
-        popitem = free.popitem
+        if n > len(empty) + len(free):
+            raise NoFreeBlocksError(f"asked for {n} blocks, {len(empty) + len(free)} free")
         epoch = self._epoch
-        out = []
-        for _ in range(n):
+        cut = max(0, len(empty) - n)
+        out = empty[cut:]
+        del empty[cut:]
+        out.reverse()
+        for block in out:
+            epoch[block.block_id] += 1
+            block.ref_cnt = 1
+            if block.entries:  # inflated: an entry moved into it after it was freed
+                self.num_evictions += self._uncache_entries(block)
+        popitem = free.popitem
+        for _ in range(n - len(out)):
             block = popitem(last=False)[1]
             epoch[block.block_id] += 1
-            if block.block_hash is not None:
-                if self.events is not None:
-                    self.events.removed(block)
-                self._uncache(block)
-                self.num_evictions += 1
-            elif block.entries:
-                self.num_evictions += self._uncache_entries(block)
+            self._evict(block)
             block.ref_cnt = 1
             out.append(block)
         return out
+
+    def _evict(self, block: KVBlock) -> None:
+        """A block is handed out again: whatever it cached leaves the index."""
+        if block.block_hash is not None:
+            if self.events is not None:
+                self.events.removed(block)
+            self._uncache(block)
+            self.num_evictions += 1
+        elif block.entries:
+            self.num_evictions += self._uncache_entries(block)
 
     def touch(self, blocks: Iterable[KVBlock]) -> None:
         """Take a reference; a free block leaves the queue (its content is kept)."""
         free = self._free
         for block in blocks:
-            if block.ref_cnt == 0:
-                del free[block.block_id]
+            if block.ref_cnt == 0 and free.pop(block.block_id, None) is None:
+                self._empty.remove(block)  # rare: hits and merges touch cached blocks
             block.ref_cnt += 1
 
     def release(self, blocks: Iterable[KVBlock]) -> None:
         """Drop a reference; pass a request's blocks tail first (evicted first)."""
         free = self._free
+        empty = self._empty
         for block in blocks:
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
-                free[block.block_id] = block
                 if block.block_hash is None and not block.entries:
-                    free.move_to_end(block.block_id, last=False)
+                    empty.append(block)
+                else:
+                    free[block.block_id] = block
 
-    def register(
+    def register_run(
         self,
         group: int,
-        block: KVBlock,
-        block_hash: bytes,
-        token_ids: list[int],
+        blocks: list[KVBlock],
+        hashes: list[bytes],
+        token_ids: tuple[int, ...],
+        first_extra: bytes,
         extra: bytes,
         parent_cache_id: int,
-        computed: bool,
-    ) -> None:
-        """Put a block in its group's index under `block_hash`."""
-        block.block_hash = block_hash
-        block.group = group
-        block.token_ids = token_ids
-        block.extra = extra
-        block.parent_cache_id = parent_cache_id
-        block.cache_id = self._next_cache_id
-        self._next_cache_id += 1
-        block.computed = computed
-        if not computed:
-            self.pending.append(block)
-        self.index[group][block_hash] = block
+    ) -> int:
+        """Index consecutive blocks of one request under `hashes`, pending until the
+        step ends; each is chained to the one before it (the first to
+        `parent_cache_id`). `token_ids` covers the run; the first block's extra
+        keys are `first_extra`, the others' `extra`. Returns the last cache id."""
+        index = self.index[group]
+        width = len(token_ids) // len(blocks)
+        parent = parent_cache_id
+        cache_id = self._next_cache_id
+        offset = 0
+        for block, block_hash in zip(blocks, hashes, strict=True):
+            block.block_hash = block_hash
+            block.group = group
+            block.token_ids = token_ids[offset : offset + width]
+            block.extra = extra
+            block.parent_cache_id = parent
+            block.cache_id = parent = cache_id
+            index[block_hash] = block  # computed stays False: uncached blocks never are
+            cache_id += 1
+            offset += width
+        blocks[0].extra = first_extra
+        self._next_cache_id = cache_id
+        self.pending.extend(blocks)
+        return parent
 
     def register_entry(
         self,
@@ -150,7 +180,7 @@ class BlockPool:
         block: KVBlock,
         slot: int,
         block_hash: bytes,
-        token_ids: list[int],
+        token_ids: tuple[int, ...],
         extra: bytes,
         parent_cache_id: int,
     ) -> CacheEntry:
@@ -177,7 +207,8 @@ class BlockPool:
         self._uncache(block)
         self.num_evictions += 1
         if block.ref_cnt == 0:
-            self._free.move_to_end(block.block_id, last=False)
+            del self._free[block.block_id]
+            self._empty.append(block)
 
     def add_holder(self, entry: CacheEntry, block: KVBlock) -> None:
         """`block` holds a copy of `entry`'s hash block at `entry.slot` (copied into it,
@@ -266,7 +297,9 @@ class BlockPool:
             elif block.entries:
                 self._uncache_entries(block)
         self.events = events
-        # Nothing reusable remains, so queue order no longer matters.
+        # Nothing reusable remains: every free block joins the empty ones, behind them.
+        self._empty[:0] = reversed(self._free.values())
+        self._free.clear()
         if self.events is not None:
             self.events.cleared()
         return True

@@ -71,9 +71,19 @@ class KVEventSink:
     _run_group: int = -1
     _run_next: int = -1
 
-    def stored(self, group_id: int, seq: HashedSequence, i: int, token_ids: list[int]) -> None:
-        """Hash block `i` of `seq` was just registered in group `group_id`."""
-        h = wire_hash(seq.block_hashes[i], self.int_block_hashes)
+    def stored(
+        self,
+        group_id: int,
+        seq: HashedSequence,
+        i: int,
+        token_ids: Sequence[int],
+        end: int | None = None,
+    ) -> None:
+        """Hash blocks `i..end-1` of `seq` (just block `i` without `end`) were just
+        registered in group `group_id`; `token_ids` are theirs, in order."""
+        end = i + 1 if end is None else end
+        wire = self.int_block_hashes
+        hashes = [wire_hash(h, wire) for h in seq.block_hashes[i:end]]
         run = self._run
         if (
             run is not None
@@ -83,16 +93,16 @@ class KVEventSink:
             and self.events
             and self.events[-1] is run
         ):
-            run.block_hashes.append(h)
+            run.block_hashes.extend(hashes)
             run.token_ids.extend(token_ids)
             if run.extra_keys is not None:
-                run.extra_keys.append(block_extra_keys(seq, i))
-            self._run_next = i + 1
+                run.extra_keys.extend(block_extra_keys(seq, k) for k in range(i, end))
+            self._run_next = end
             return
-        parent = wire_hash(seq.block_hashes[i - 1], self.int_block_hashes) if i else None
+        parent = wire_hash(seq.block_hashes[i - 1], wire) if i else None
         kind, window = self.group_kinds[group_id]
         run = BlockStored(
-            block_hashes=[h],
+            block_hashes=hashes,
             parent_block_hash=parent,
             token_ids=list(token_ids),
             block_size=self.hash_block_size,
@@ -101,13 +111,13 @@ class KVEventSink:
             lora_name=seq.lora_name,
             extra_keys=None
             if seq.lora_name is None and seq.cache_salt is None
-            else [block_extra_keys(seq, i)],
+            else [block_extra_keys(seq, k) for k in range(i, end)],
             group_idx=group_id,
             kv_cache_spec_kind=kind,
             kv_cache_spec_sliding_window=window,
         )
         self.events.append(run)
-        self._run, self._run_seq, self._run_group, self._run_next = run, seq, group_id, i + 1
+        self._run, self._run_seq, self._run_group, self._run_next = run, seq, group_id, end
 
     def removed(self, block: KVBlock | CacheEntry) -> None:
         """A cached block, or one hash block of an inflated block, loses its index entry."""

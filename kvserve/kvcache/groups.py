@@ -65,7 +65,7 @@ class FullAttentionGroup:
             if (
                 block is None
                 or block.parent_cache_id != parent
-                or block.token_ids != tokens[i * bs : (i + 1) * bs]
+                or block.token_ids != tuple(tokens[i * bs : (i + 1) * bs])
                 or block.extra != (other_extra if i else first_extra)
             ):
                 break
@@ -108,60 +108,107 @@ class FullAttentionGroup:
         """
         held = seq.kv_blocks[self.group_id]
         parent = held[start - 1].cache_id if start else ROOT_CACHE_ID
-        return self._register(seq, start, end, lambda i, last: last, parent)
+        return self._register(seq, start, end, None, parent)
 
-    def _register(self, seq, start, end, parent_of, parent) -> list[int]:
+    def _register(
+        self,
+        seq: CacheSequence,
+        start: int,
+        end: int,
+        anchors: list[int] | None,
+        parent: int,
+    ) -> list[int]:
+        """Register blocks `start..end-1`, each chained to `parent` (the block before
+        it), or verified against `anchors[i - start]` when anchors are given."""
         pool = self.pool
         index = self.index
-        held = seq.kv_blocks[self.group_id]
+        group_id = self.group_id
+        verify = self.verify
+        held = seq.kv_blocks[group_id]
         hashes = seq.block_hashes
         tokens = seq.token_ids
         bs = self.block_size
         first_extra, other_extra = seq.extra_keys
         events = pool.events
         ids: list[int] = []
-        for i in range(start, end):
-            parent = parent_of(i, parent)
-            if not parent:
-                seq.cache_chain_broken = True
-                break
+        i = start
+        while i < end:
+            if anchors is not None:
+                parent = anchors[i - start]
+                if not parent:
+                    seq.cache_chain_broken = True
+                    break
             block_hash = hashes[i]
-            block_tokens = tokens[i * bs : (i + 1) * bs]
-            extra = other_extra if i else first_extra
             existing = index.get(block_hash)
-            if (
-                existing is not None
-                and existing.parent_cache_id != parent
+            if existing is not None and (
+                existing.parent_cache_id != parent
                 and existing.ref_cnt == 0
                 and existing.computed
-                and self.verify
+                and verify
             ):
                 # Stale: its parent was evicted and registered anew (one registration
                 # per hash), so it can never verify again. Ours takes its place.
                 pool.uncache(existing)
                 existing = None
             if existing is None:
-                block = held[i]
-                pool.register(self.group_id, block, block_hash, block_tokens, extra, parent, False)
-                parent = block.cache_id
+                # New content, usually a long run of it (a prompt's blocks): one call.
+                j = i + 1
+                if anchors is None:
+                    if index.keys().isdisjoint(hashes[j:end]):
+                        j = end  # the common case, in one C-level pass
+                    else:
+                        while j < end and hashes[j] not in index:
+                            j += 1
+                    j = self._without_repeats(hashes, i, j)
+                # Tuples of ints: the collector stops tracking them, so cached blocks
+                # do not lengthen every full collection.
+                run_tokens = tuple(tokens[i * bs : j * bs])
+                parent = pool.register_run(
+                    group_id,
+                    held[i:j],
+                    hashes[i:j],
+                    run_tokens,
+                    other_extra if i else first_extra,
+                    other_extra,
+                    parent,
+                )
                 if events is not None:
-                    events.stored(self.group_id, seq, i, block_tokens)
-            elif existing is held[i]:
+                    events.stored(group_id, seq, i, run_tokens, j)
+                ids.extend(range(parent - (j - i) + 1, parent + 1))
+                i = j
+                continue
+            block_tokens = tuple(tokens[i * bs : (i + 1) * bs])
+            if existing is held[i]:
                 parent = existing.cache_id
             elif (
                 existing.token_ids == block_tokens
                 and existing.parent_cache_id == parent
-                and existing.extra == extra
-            ) or not self.verify:
+                and existing.extra == (other_extra if i else first_extra)
+            ) or not verify:
                 pool.touch((existing,))
-                seq.merges.append((self.group_id, i, existing))
+                seq.merges.append((group_id, i, existing))
                 parent = existing.cache_id
             else:
                 # A collision: this content cannot be indexed, nor anything chained to it.
                 seq.cache_chain_broken = True
                 break
             ids.append(parent)
+            i += 1
         return ids
+
+    @staticmethod
+    def _without_repeats(hashes: list[bytes], i: int, j: int) -> int:
+        """End of the longest run from `i` in which no hash repeats (only a collision
+        repeats one: the repeat is then handled block by block)."""
+        run = hashes[i:j]
+        if len(set(run)) == len(run):
+            return j
+        seen: set[bytes] = set()
+        for k, block_hash in enumerate(run):
+            if block_hash in seen:
+                return i + k
+            seen.add(block_hash)
+        return j
 
 
 class SlidingWindowGroup(FullAttentionGroup):
@@ -226,7 +273,7 @@ class SlidingWindowGroup(FullAttentionGroup):
                         anchors is not None
                         and (anchor is None or block.parent_cache_id != anchor.cache_id)
                     )
-                    or block.token_ids != tokens[i * bs : (i + 1) * bs]
+                    or block.token_ids != tuple(tokens[i * bs : (i + 1) * bs])
                     or block.extra != (other_extra if i else first_extra)
                 ):
                     block = None
@@ -274,10 +321,8 @@ class SlidingWindowGroup(FullAttentionGroup):
             parent = (
                 held[start - 1].cache_id if start and held[start - 1].cache_id else ROOT_CACHE_ID
             )
-            return self._register(seq, start, end, lambda i, last: last, parent)
-        return self._register(
-            seq, start, start + len(anchors), lambda i, last: anchors[i - start], ROOT_CACHE_ID
-        )
+            return self._register(seq, start, end, None, parent)
+        return self._register(seq, start, start + len(anchors), anchors, ROOT_CACHE_ID)
 
 
 GROUP_TYPES = {FullAttentionSpec: FullAttentionGroup, SlidingWindowSpec: SlidingWindowGroup}

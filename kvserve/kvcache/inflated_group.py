@@ -71,7 +71,7 @@ class InflatedAttentionGroup:
                 break
             if verify and (
                 entry.parent_cache_id != parent
-                or entry.token_ids != tokens[i * hb : (i + 1) * hb]
+                or entry.token_ids != tuple(tokens[i * hb : (i + 1) * hb])
                 or entry.extra != (other_extra if i else first_extra)
             ):
                 break
@@ -196,7 +196,7 @@ class InflatedAttentionGroup:
             parent = previous.cache_id
         for i in range(start, end):
             block_hash = hashes[i]
-            block_tokens = tokens[i * hb : (i + 1) * hb]
+            block_tokens = tuple(tokens[i * hb : (i + 1) * hb])
             extra = other_extra if i else first_extra
             existing = index.get(block_hash)
             m, j = divmod(i, k)

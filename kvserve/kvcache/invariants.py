@@ -141,7 +141,7 @@ def check_invariants(
                     raise InvariantError(
                         f"{seq.request_id}: block {i} is cached under another prefix's hash"
                     )
-                if block.token_ids != seq.token_ids[i * bs : (i + 1) * bs]:
+                if block.token_ids != tuple(seq.token_ids[i * bs : (i + 1) * bs]):
                     raise InvariantError(
                         f"{seq.request_id}: block {i} tokens differ from its entry"
                     )

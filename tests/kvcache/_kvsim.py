@@ -97,7 +97,7 @@ class Sim:
             return
         for j, block in enumerate(blocks):
             i = held + j
-            assert block.token_ids == seq.token_ids[i * bs : (i + 1) * bs]
+            assert block.token_ids == tuple(seq.token_ids[i * bs : (i + 1) * bs])
             assert self.content.get(block.block_id) == prefix_key(seq, i, bs), "wrong hit"
         end = (held + k) * bs
         if k == 0:
