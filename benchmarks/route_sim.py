@@ -48,6 +48,7 @@ def build_workloads(args: argparse.Namespace) -> list[Workload]:
                     seed=args.seed,
                     num_conversations=args.sim_conversations,
                     num_turns=args.sim_turns,
+                    output_spread=args.sim_output_spread,
                 )
             )
         elif name == "shared-prefix":
@@ -179,6 +180,13 @@ def add_sim_args(p: argparse.ArgumentParser, positive: Any, trace: str) -> None:
     )
     g.add_argument("--sim-conversations", type=positive, default=64, help="multi-turn chats")
     g.add_argument("--sim-turns", type=positive, default=6, help="multi-turn: turns per chat")
+    g.add_argument(
+        "--sim-output-spread",
+        type=int,
+        default=50,
+        help="multi-turn: answers are 100 ± this many tokens, so chats drift out of step "
+        "(0: all turns arrive together, in one order, and round-robin keeps every chat in place)",
+    )
     g.add_argument("--sim-groups", type=positive, default=16, help="shared-prefix: groups")
     g.add_argument(
         "--sim-prompts-per-group", type=positive, default=32, help="shared-prefix: prompts"

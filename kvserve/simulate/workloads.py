@@ -100,14 +100,27 @@ def multi_turn(
     num_turns: int = 6,
     turn_len: int = 100,
     output_len: int = 100,
+    output_spread: int = 0,
 ) -> Workload:
     """Chats: each turn's prompt is the previous prompt + its answer + a new message.
 
-    A turn arrives in the step after the previous one finished.
+    A turn arrives in the step after the previous one finished. With
+    `output_spread`, each answer's length is drawn from output_len ± spread
+    (seeded per conversation and turn), so chats drift out of step as real
+    ones do; without it every chat's turns arrive together, in the same order.
     """
+    if not 0 <= output_spread < output_len:
+        raise ValueError(f"output_spread must be in [0, {output_len}), got {output_spread}")
     rng = random.Random(seed)
+
+    def answer_len(conv: str, turn: int) -> int:
+        if not output_spread:
+            return output_len
+        spread = random.Random(f"{seed}:{conv}:{turn}:len")
+        return output_len + spread.randint(-output_spread, output_spread)
+
     first = [
-        SimRequest(f"conv{c}-turn0", 0, _tokens(rng, turn_len), output_len)
+        SimRequest(f"conv{c}-turn0", 0, _tokens(rng, turn_len), answer_len(f"conv{c}", 0))
         for c in range(num_conversations)
     ]
 
@@ -119,10 +132,11 @@ def multi_turn(
         # Each message is seeded by (seed, conversation, turn): reproducible in any order.
         msg_rng = random.Random(f"{seed}:{conv}:{nxt}")
         prompt = done.prompt_token_ids + output + _tokens(msg_rng, turn_len)
-        return SimRequest(f"{conv}-turn{nxt}", step + 1, prompt, output_len)
+        return SimRequest(f"{conv}-turn{nxt}", step + 1, prompt, answer_len(conv, nxt))
 
+    longest = output_len + output_spread
     total = (
-        sum(t * (turn_len + output_len) + turn_len + output_len for t in range(num_turns))
+        sum(t * (turn_len + longest) + turn_len + longest for t in range(num_turns))
         * num_conversations
     )
     return Workload(
@@ -136,6 +150,7 @@ def multi_turn(
             "num_turns": num_turns,
             "turn_len": turn_len,
             "output_len": output_len,
+            "output_spread": output_spread,
         },
     )
 

@@ -169,3 +169,28 @@ def test_events_publish_for_one_replica_only(capsys):
     assert code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--replicas 1" in err and "Traceback" not in err
+
+
+def test_answers_of_spread_lengths_break_round_robins_accidental_affinity():
+    # 8 chats on 4 replicas: with equal answers every turn arrives in one order and
+    # round-robin sends each chat back to the replica that holds it; spread lengths
+    # reorder the turns, as real chats do, and only cache-aware keeps them in place.
+    from kvserve.simulate.workloads import multi_turn
+
+    def computed(routing: str, spread: int) -> int:
+        workload = multi_turn(
+            num_conversations=8, num_turns=4, turn_len=40, output_len=24, output_spread=spread
+        )
+        report = simulate_replicas(workload, SimConfig(check=True), 4, routing)
+        assert report["predictions_wrong"] == 0
+        return report["prefill_tokens_computed"]
+
+    assert computed("round-robin", 0) == computed("cache-aware", 0)
+    assert computed("round-robin", 12) > 1.2 * computed("cache-aware", 12)
+    answers = [
+        r.max_tokens
+        for r in multi_turn(num_conversations=8, output_spread=12, output_len=24).requests
+    ]
+    assert len(set(answers)) > 1 and all(12 <= n <= 36 for n in answers)
+    with pytest.raises(ValueError, match="output_spread"):
+        multi_turn(output_len=10, output_spread=10)
