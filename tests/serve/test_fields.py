@@ -11,8 +11,10 @@ import pytest
 from kvserve.serve.fields import HEADER
 from tests.serve.conftest import start_server, stop_server
 
-PROMPT = "The capital of France is"
-CHAT = [{"role": "user", "content": "Say something."}]
+# Text no other test of the shared server sends: a prefix cached here would change
+# another test's logprobs in the last digits.
+PROMPT = "Fields the server does not serve:"
+CHAT = [{"role": "user", "content": "Which fields are ignored?"}]
 WARNING = "ignoring request field(s) kvserve does not know"
 
 
