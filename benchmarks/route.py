@@ -29,8 +29,8 @@ on free loopback ports, behind `kvserve route --policy cache-aware`, then
 `cache_aware`. vllm-router is a benchmark-only dependency, installed outside
 the project's venv (see benchmarks/README.md); without it that part is
 skipped with a note. It adds fields of its own to every body, which
-`kvserve serve` refuses, so behind it each replica has route_shim.py in
-front, a proxy that drops them (`--no-shim`: none). The workload is
+`kvserve serve` ignores (the report names them, from the replicas' logs), so
+it talks to the replicas directly. The workload is
 serve_load.py's multi-turn chats, each turn's prompt the whole history,
 `--concurrency` chats at once, streamed with `stream_options.include_usage`.
 Figures: the sum of every answer's `usage.prompt_tokens_details.cached_tokens`,
@@ -145,11 +145,8 @@ def main() -> int:
     if live is not None:
         print_live(live[0], args, live[1])
     for r in live[1] if live else []:
-        if r.dropped:
-            notes.append(
-                f"{r.label}: each replica behind route_shim.py, which dropped the fields "
-                f"kvserve serve refuses: {', '.join(r.dropped)}"
-            )
+        if r.ignored:
+            notes.append(f"{r.label}: the replicas ignored the fields {', '.join(r.ignored)}")
         if r.summary["errors"]:
             notes.append(
                 f"{r.label}: {r.summary['errors']} failed, e.g. {r.summary['first_error']}"

@@ -3,9 +3,11 @@
 Every target gets fresh replicas (empty caches, counters at zero), started by
 this script on free loopback ports with KV events and a replay socket each
 (what `kvserve route`'s cache-aware policy reads; vllm-router reads none),
-and one router in front of them. The client (serve_load.py) streams the same
-multi-turn chats through the router; the replicas' own /metrics say where
-the requests went.
+and one router in front of them, straight to the replicas: the fields
+vllm-router adds to every body are ignored by `kvserve serve` (named in its
+log once, kvserve/serve/fields.py), so no proxy sits between them. The
+client (serve_load.py) streams the same multi-turn chats through the router;
+the replicas' own /metrics say where the requests went.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import shutil
 import sys
 from dataclasses import dataclass, field
@@ -30,7 +33,8 @@ KVSERVE_CA = "kvserve route, cache-aware"
 VLLM_RR = "vllm-router, round_robin"
 VLLM_CA = "vllm-router, cache_aware"
 TARGETS = (KVSERVE_CA, VLLM_RR, VLLM_CA)
-SHIM = Path(__file__).with_name("route_shim.py")
+IGNORED_WARNING = "ignoring request field(s) kvserve does not know"
+"""How a replica logs the fields it ignored (kvserve/serve/fields.py)."""
 VLLM_ROUTER_DIR = Path("/tmp/vllm-router-pkg")
 """Where the benchmark's README installs the vllm-router wheel (outside the project venv)."""
 
@@ -42,8 +46,8 @@ class LiveResult:
     cached_tokens: int
     per_replica: list[dict[str, float]] = field(default_factory=list)
     """Each replica's /metrics deltas over the run: requests, prompt and cached tokens."""
-    dropped: list[str] = field(default_factory=list)
-    """What the shims removed from vllm-router's bodies (field=value, first of each)."""
+    ignored: list[str] = field(default_factory=list)
+    """The request fields the replicas ignored (their log's warnings): vllm-router's own."""
 
 
 def find_vllm_router(given: str | None) -> tuple[list[str], str | None] | str:
@@ -76,11 +80,6 @@ def replica_process(args: argparse.Namespace, rank: int, logs: Path) -> Process:
     }
     extra = ["--kv-events-config", json.dumps(events)]
     return kvserve_process(args, f"replica {rank}", extra, logs)
-
-
-def shim_process(replica: Process, logs: Path) -> Process:
-    cmd = [sys.executable, str(SHIM), "--upstream", replica.url, "--port", "{port}"]
-    return Process(f"shim of {replica.what}", cmd, child_env(1), logs)
 
 
 def router_process(
@@ -129,17 +128,10 @@ def run_target(
     note(f"{label}: starting {args.live_replicas} replicas and the router")
     replicas = [replica_process(args, rank, logs) for rank in range(args.live_replicas)]
     router: Process | None = None
-    shims: list[Process] = []
     try:
         for r in replicas:
             r.wait_ready()
-        urls = [r.url for r in replicas]
-        if label != KVSERVE_CA and not args.no_shim:
-            shims = [shim_process(r, logs) for r in replicas]
-            for s in shims:
-                s.wait_ready()
-            urls = [s.url for s in shims]
-        router = router_process(label, urls, vllm, logs)
+        router = router_process(label, [r.url for r in replicas], vllm, logs)
         router.wait_ready()
         target = Target(router.url, "bench", {"ignore_eos": True})
         warm = LoadWorkload("warm-up", [warm_up_prompt(), Conversation("Be brief.", ("Hi!",))], "")
@@ -155,16 +147,22 @@ def run_target(
     finally:
         if router is not None:
             router.stop()
-        for p in [*shims, *replicas]:
+        for p in replicas:
             p.stop()
     flat = [res for job in run.results for res in job if res.error is None]
     deltas = [{k: a[k] - b[k] for k in a} for a, b in zip(after, before, strict=True)]
     cached = sum(res.cached_tokens or 0 for res in flat)
-    lines = [line for s in shims for line in s.tail().splitlines()]
-    dropped = sorted(
-        {line.removeprefix("dropped ") for line in lines if line.startswith("dropped ")}
-    )
-    return LiveResult(label, summarize([run]), cached, deltas, dropped)
+    return LiveResult(label, summarize([run]), cached, deltas, ignored_fields(replicas))
+
+
+def ignored_fields(replicas: list[Process]) -> list[str]:
+    """The names in the replicas' warnings about ignored request fields (each logs a name once)."""
+    names: set[str] = set()
+    for r in replicas:
+        for line in r.log.read_text(errors="replace").splitlines():
+            if IGNORED_WARNING in line:
+                names.update(re.findall(r"'([^']*)'", line.split(IGNORED_WARNING, 1)[1]))
+    return sorted(names)
 
 
 def run_live(args: argparse.Namespace, notes: list[str]) -> tuple[str, list[LiveResult]]:
@@ -226,11 +224,6 @@ def add_live_args(p: argparse.ArgumentParser, positive: Any) -> None:
     g.add_argument("--concurrency", type=positive, default=16, help="clients (chats in flight)")
     g.add_argument("--threads", type=positive, default=1, help="CPU threads of each replica")
     g.add_argument("--engine-args", default="", help="more `kvserve serve` flags per replica")
-    g.add_argument(
-        "--no-shim",
-        action="store_true",
-        help="vllm-router straight to the replicas (its extra body fields get 400s)",
-    )
     g.add_argument(
         "--vllm-router",
         metavar="PATH",

@@ -24,7 +24,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from kvserve.outputs import RequestOutput
-from kvserve.serve import protocol
+from kvserve.serve import fields, protocol
 from kvserve.serve.engine_thread import RequestRefused, ServerStopping, Submission
 from kvserve.serve.errors import APIError
 from kvserve.serve.responses import Job, Part
@@ -36,17 +36,17 @@ log = logging.getLogger("kvserve.serve")
 
 async def completions(request: Request, state: ServerState) -> Any:
     body = protocol.parse_json(await request.body())
-    protocol.check_fields(body, protocol.COMPLETION_FIELDS)
+    ignored = _ignored(body, state, chat=False)
     state.check_model(body.get("model"))
     prompts = protocol.completion_prompts(body)
-    return await _run(request, state, body, prompts, chat=False)
+    return await _run(request, state, body, prompts, chat=False, ignored=ignored)
 
 
 async def chat_completions(request: Request, state: ServerState) -> Any:
     from kvserve.chat_template import render
 
     body = protocol.parse_json(await request.body())
-    protocol.check_fields(body, protocol.CHAT_FIELDS)
+    ignored = _ignored(body, state, chat=True)
     state.check_model(body.get("model"))
     messages = protocol.chat_messages(body)
     tokenizer = state.engine.engine.tokenizer
@@ -54,7 +54,15 @@ async def chat_completions(request: Request, state: ServerState) -> Any:
         _, ids = await state.engine.call(lambda: render(tokenizer, messages))
     except ValueError as exc:  # no template, or an empty rendering: say so
         raise APIError(str(exc), param="messages") from None
-    return await _run(request, state, body, [ids], chat=True)
+    return await _run(request, state, body, [ids], chat=True, ignored=ignored)
+
+
+def _ignored(body: dict[str, Any], state: ServerState, chat: bool) -> list[str]:
+    """The fields this request's answer ignores (fields.py: the rule), each logged once."""
+    served = protocol.CHAT_FIELDS if chat else protocol.COMPLETION_FIELDS
+    ignored = fields.ignored_fields(body, served, chat)
+    state.ignored_log.note(ignored)
+    return ignored
 
 
 async def _run(
@@ -63,6 +71,7 @@ async def _run(
     body: dict[str, Any],
     prompts: list[str | list[int]],
     chat: bool,
+    ignored: list[str],
 ) -> Any:
     params = protocol.sampling_params(body, chat=chat)
     options = protocol.response_options(body, chat=chat)
@@ -86,9 +95,11 @@ async def _run(
     await _first_outputs(job, state)
     if options.echo:
         await _echo_texts(job, state, prompts)
+    headers = fields.header(ignored)
     if options.stream:
-        return StreamingResponse(_events(job, state), media_type="text/event-stream")
-    return JSONResponse(await _collect(request, job, state))
+        events = _events(job, state)
+        return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+    return JSONResponse(await _collect(request, job, state), headers=headers)
 
 
 async def _first_outputs(job: Job, state: ServerState) -> None:

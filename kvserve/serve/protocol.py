@@ -40,6 +40,7 @@ _SAMPLING = {
     "logit_bias": "logit_bias",
 }
 _COMMON = {"model", "stream", "stream_options", "user", "cache_salt", *_SAMPLING}
+# The fields served; what happens to any other is fields.py's rule.
 COMPLETION_FIELDS = frozenset({*_COMMON, "prompt", "echo", "logprobs"})
 CHAT_FIELDS = frozenset({*_COMMON, "messages", "logprobs", "top_logprobs"})
 DEFAULT_MAX_TOKENS = 16
@@ -71,7 +72,7 @@ def parse_json(raw: bytes) -> dict[str, Any]:
 
 
 def check_fields(body: dict[str, Any], allowed: frozenset[str]) -> None:
-    """An unknown field is refused by name: silently ignoring it would change the answer."""
+    """/tokenize: an unknown field is refused by name (generation requests: fields.py)."""
     for name in body:
         if name not in allowed:
             raise APIError(f"unsupported field {name!r}", param=name)

@@ -1,16 +1,17 @@
 """What every handler shares: the engine thread, the served name, the key, the limits.
 
 Owned by the event loop: the counters here (`queued`, `draining`) change only
-on it, so they need no lock.
+on it, and so does the log of ignored fields: they need no lock.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvserve.serve.engine_thread import EngineThread
 from kvserve.serve.errors import APIError
+from kvserve.serve.fields import IgnoredLog
 from kvserve.serve.metrics import ServerMetrics
 
 RETRY_AFTER_SECONDS = 1
@@ -36,6 +37,8 @@ class ServerState:
     """Requests submitted that have not had their first step yet."""
     draining: bool = False
     """Shutting down: new requests get a 503, running ones finish."""
+    ignored_log: IgnoredLog = field(default_factory=IgnoredLog)
+    """The ignored request fields already warned about (each name once)."""
 
     def check_model(self, name: object) -> None:
         """A request may leave `model` out; naming another model is a 404, as OpenAI answers."""

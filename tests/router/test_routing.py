@@ -88,8 +88,15 @@ def test_plain_answers_and_errors_pass_through(cluster):
     for answer in (direct, routed):
         answer.pop("id"), answer.pop("created"), answer.pop("usage")
     assert routed == direct
-    bad = httpx.post(f"{router.url}/v1/completions", json={"prompt": "x", "bogus": 1})
-    assert bad.status_code == 400 and bad.json()["error"]["param"] == "bogus"
+    # Fields are the replica's to judge: an unknown one reaches it (it names it, ignored),
+    # an unsupported one that asks for something is its 400.
+    extra = httpx.post(f"{router.url}/v1/completions", json={**body, "bogus": 1}, timeout=60)
+    assert extra.headers["x-kvserve-ignored-fields"] == "bogus"
+    answer = extra.json()
+    answer.pop("id"), answer.pop("created"), answer.pop("usage")
+    assert answer == direct
+    bad = httpx.post(f"{router.url}/v1/completions", json={"prompt": "x", "suffix": "y"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "suffix"
     models = httpx.get(f"{router.url}/v1/models").json()
     assert [m["id"] for m in models["data"]] == [router.model]
     assert httpx.get(f"{router.url}/health").status_code == 200
