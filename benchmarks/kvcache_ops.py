@@ -11,6 +11,7 @@ a plain scheduler loop on a machine of this kind) and prints the ratios.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import platform
 import statistics
@@ -150,7 +151,9 @@ def bench_workloads(
             kwargs = {"num_groups": 4}
         samples, report = [], {}
         for _ in range(repeat):
-            report = simulate(make(**kwargs), SimConfig(block_size=BLOCK))
+            workload = make(**kwargs)
+            gc.collect()  # the garbage of earlier figures is not this run's cost
+            report = simulate(workload, SimConfig(block_size=BLOCK))
             samples.append(report["manager_us_per_prompt_token"])
         lo, med = best(samples)
         rows.append((name, lo, med, report))

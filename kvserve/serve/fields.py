@@ -18,10 +18,11 @@ of two kinds:
 
 vllm-router 0.1.17 re-serializes every body from its own request type and
 adds these (seen on the wire): completions, served `echo: false`,
-`ignore_eos: false`, `skip_special_tokens: true`, and ignored `no_stop_trim:
-false`, `return_hidden_states: false`; chat, served `logprobs: false`,
+`ignore_eos: false`, `skip_special_tokens: true`, neutral `no_stop_trim:
+false` (SGLang's; true would keep a matched stop string), and ignored
+`return_hidden_states: false`; chat, served `logprobs: false`,
 `ignore_eos: false`, `skip_special_tokens: true`, neutral
-`continue_final_message: false`, and ignored `no_stop_trim: false`,
+`continue_final_message: false` and `no_stop_trim: false`, and ignored
 `return_hidden_states: false`, `separate_reasoning: true`,
 `stream_reasoning: true`, `include_reasoning: true`. The client's own fields
 it passes on, unknown ones included (numbers may come as floats: `0.0`).
@@ -99,6 +100,7 @@ COMMON: dict[str, Unsupported] = {
     "spaces_between_special_tokens": Unsupported("spaces_between_special_tokens", (True,)),
     "return_tokens_as_token_ids": Unsupported("tokens as token ids", (False,)),
     "logits_processors": Unsupported("custom logits processors", ([],)),
+    "no_stop_trim": Unsupported("no_stop_trim (a matched stop string is always cut)", (False,)),
 }
 """Both endpoints. Served fields (ignore_eos, min_tokens, stop_token_ids, ...) are not here."""
 COMPLETION_ONLY: dict[str, Unsupported] = {

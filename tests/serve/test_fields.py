@@ -82,6 +82,7 @@ TOOL = [{"type": "function", "function": {"name": "f", "parameters": {"type": "o
         ("completions", "guided_regex", "[a-z]+"),
         ("completions", "prompt_logprobs", 0),
         ("completions", "use_beam_search", 0),  # not false: refused
+        ("completions", "no_stop_trim", True),
     ],
 )
 def test_an_unsupported_field_that_asks_for_something_is_a_400(server, path, field, value):
@@ -151,13 +152,13 @@ def test_vllm_routers_bodies_are_served_as_the_plain_ones(server, stream):
             "completions",
             {"prompt": PROMPT},
             VLLM_ROUTER_COMPLETION,
-            "no_stop_trim,return_hidden_states",
+            "return_hidden_states",
         ),
         (
             "chat/completions",
             {"messages": CHAT},
             VLLM_ROUTER_CHAT,
-            "no_stop_trim,separate_reasoning,stream_reasoning,return_hidden_states,include_reasoning",
+            "separate_reasoning,stream_reasoning,return_hidden_states,include_reasoning",
         ),
     ]
     for path, base, added, ignored in cases:
