@@ -91,7 +91,14 @@ def print_live(model: str, args: argparse.Namespace, results: list[LiveResult]) 
     print(
         f"### live: {args.live_replicas} `kvserve serve` replicas, {model}; "
         f"{args.conversations} chats x {args.turns} turns, concurrency {args.concurrency}, "
-        f"max_tokens {args.max_tokens} (greedy, ignore_eos), {args.threads} thread(s) each\n"
+        f"max_tokens {args.max_tokens} (greedy, ignore_eos), {args.threads} thread(s) each"
+        + (
+            f"; {args.rounds} rounds, every other one in reverse order: latencies over all "
+            "rounds, cached tokens and per-replica figures as means per round"
+            if args.rounds > 1
+            else ""
+        )
+        + "\n"
     )
     rows = []
     for r in results:

@@ -123,7 +123,7 @@ def run_target(
     workload: LoadWorkload,
     vllm: tuple[list[str], str | None] | None,
     logs: Path,
-) -> LiveResult:
+) -> TargetRun:
     """Fresh replicas and one router; warm up, then the chats; the replicas' deltas."""
     note(f"{label}: starting {args.live_replicas} replicas and the router")
     replicas = [replica_process(args, rank, logs) for rank in range(args.live_replicas)]
@@ -149,10 +149,38 @@ def run_target(
             router.stop()
         for p in replicas:
             p.stop()
-    flat = [res for job in run.results for res in job if res.error is None]
     deltas = [{k: a[k] - b[k] for k in a} for a, b in zip(after, before, strict=True)]
-    cached = sum(res.cached_tokens or 0 for res in flat)
-    return LiveResult(label, summarize([run]), cached, deltas, ignored_fields(replicas))
+    return TargetRun(run, deltas, ignored_fields(replicas))
+
+
+@dataclass
+class TargetRun:
+    """One target's run in one round."""
+
+    run: Run
+    deltas: list[dict[str, float]]
+    ignored: list[str]
+
+
+def combine(label: str, rounds: list[TargetRun]) -> LiveResult:
+    """A target's rounds as one row: latencies over every request of every round;
+    cached tokens and the replicas' deltas as means per round."""
+    n = len(rounds)
+    cached = sum(
+        res.cached_tokens or 0
+        for r in rounds
+        for job in r.run.results
+        for res in job
+        if res.error is None
+    )
+    per_replica = [
+        {k: sum(r.deltas[i][k] for r in rounds) / n for k in rounds[0].deltas[i]}
+        for i in range(len(rounds[0].deltas))
+    ]
+    ignored = sorted({name for r in rounds for name in r.ignored})
+    return LiveResult(
+        label, summarize([r.run for r in rounds]), round(cached / n), per_replica, ignored
+    )
 
 
 def ignored_fields(replicas: list[Process]) -> list[str]:
@@ -191,22 +219,27 @@ def run_live(args: argparse.Namespace, notes: list[str]) -> tuple[str, list[Live
     if isinstance(vllm, str):
         notes.append(f"vllm-router skipped: {vllm}.")
         note(notes[-1])
-    results = []
+    runs: dict[str, list[TargetRun]] = {}
+    skipped: set[str] = set()
     with tempfile.TemporaryDirectory(prefix="kvserve-routebench-") as logs:
-        for label in TARGETS:
-            if label != KVSERVE_CA and isinstance(vllm, str):
-                continue
-            try:
-                results.append(
-                    run_target(
-                        label, args, workload, None if isinstance(vllm, str) else vllm, Path(logs)
-                    )
-                )
-            except SystemExit as exc:  # a router that does not start: a note, not the end
-                if label == KVSERVE_CA:
-                    raise
-                notes.append(f"{label} skipped: {str(exc).splitlines()[0]}")
-                note(notes[-1])
+        for rnd in range(args.rounds):
+            # Every other round in reverse order, so a drift in the machine's load
+            # weighs on every target alike.
+            for label in TARGETS if rnd % 2 == 0 else TARGETS[::-1]:
+                if label in skipped or (label != KVSERVE_CA and isinstance(vllm, str)):
+                    continue
+                router = None if isinstance(vllm, str) else vllm
+                try:
+                    got = run_target(label, args, workload, router, Path(logs))
+                except SystemExit as exc:  # a router that does not start: a note, not the end
+                    if label == KVSERVE_CA:
+                        raise
+                    skipped.add(label)
+                    notes.append(f"{label} skipped: {str(exc).splitlines()[0]}")
+                    note(notes[-1])
+                    continue
+                runs.setdefault(label, []).append(got)
+    results = [combine(label, runs[label]) for label in TARGETS if label in runs]
     return f"{model}; {workload.shape}; {vllm_router_version(vllm)}", results
 
 
@@ -223,6 +256,13 @@ def add_live_args(p: argparse.ArgumentParser, positive: Any) -> None:
     g.add_argument("--max-tokens", type=positive, default=32, help="answer tokens (ignore_eos)")
     g.add_argument("--concurrency", type=positive, default=16, help="clients (chats in flight)")
     g.add_argument("--threads", type=positive, default=1, help="CPU threads of each replica")
+    g.add_argument(
+        "--rounds",
+        type=positive,
+        default=1,
+        help="run every router this many times, every other round in reverse order; "
+        "latencies over all rounds, cached tokens per round",
+    )
     g.add_argument("--engine-args", default="", help="more `kvserve serve` flags per replica")
     g.add_argument(
         "--vllm-router",
