@@ -57,7 +57,8 @@ class GatedMLP(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        gate, up = gate_up.view(*x.shape[:-1], 2, -1).unbind(-2)
         return self.down_proj(self.activation(gate) * up)
 
     def activation(self, gate: torch.Tensor) -> torch.Tensor:
@@ -107,5 +108,6 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -
     The reference's x * cos + cat(-x2, x1) * sin, as x * cos + cat(x2, x1) * signed_sin:
     the same products (a sign moves exactly), in four torch calls.
     """
-    rotated = x.roll(x.shape[-1] // 2, dims=-1).mul_(signed_sin)
+    halves = x.view(*x.shape[:-1], 2, x.shape[-1] // 2)  # the last dim is contiguous
+    rotated = halves.flip(-2).view(x.shape).mul_(signed_sin)  # cat(x2, x1) * signed_sin
     return rotated.add_(x * cos)

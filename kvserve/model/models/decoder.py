@@ -61,13 +61,14 @@ class DecoderAttention(nn.Module):
     ) -> torch.Tensor:
         heads, kv_heads = self.num_heads, self.num_kv_heads
         qkv = self.qkv_proj(x).view(x.shape[0], heads + 2 * kv_heads, self.head_dim)
-        q, k, v = qkv.split((heads, kv_heads, kv_heads), dim=1)
+        v = qkv[:, heads + kv_heads :]
         cos, sin = cos_sin
-        if self.q_norm is None:
-            q, k = self.rotate(qkv[:, : heads + kv_heads], cos, sin).split((heads, kv_heads), 1)
+        if self.q_norm is None:  # q and k side by side: one rotation
+            qk = self.rotate(qkv[:, : heads + kv_heads], cos, sin)
+            q, k = qk[:, :heads], qk[:, heads:]
         else:
-            q = self.rotate(self.q_norm(q), cos, sin)
-            k = self.rotate(self.k_norm(k), cos, sin)
+            q = self.rotate(self.q_norm(qkv[:, :heads]), cos, sin)
+            k = self.rotate(self.k_norm(qkv[:, heads : heads + kv_heads]), cos, sin)
         out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
         return self.o_proj(out)
 
