@@ -26,18 +26,19 @@ from kvserve.model.attention_metadata import AttentionMetadata, DecodeGroup
 def write_kv(
     k: torch.Tensor,
     v: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+    k_flat: torch.Tensor,
+    v_flat: torch.Tensor,
     meta: AttentionMetadata,
 ) -> None:
-    """Store the new [T, kv_heads, head_dim] keys and values at their slots."""
+    """Store the new [T, kv_heads, head_dim] keys and values at their slots of the flat
+    caches ([num_blocks * block_size, kv_heads, head_dim])."""
     if meta.write_index is not None:
         k = k[meta.write_index]
         v = v[meta.write_index]
     if k.shape[0] == 0:
         return
-    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, meta.write_slots, k)
-    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, meta.write_slots, v)
+    k_flat.index_copy_(0, meta.write_slots, k)
+    v_flat.index_copy_(0, meta.write_slots, v)
 
 
 def paged_attention(
@@ -56,9 +57,11 @@ def paged_attention(
     `softcap` the scores are soft-capped (softcap * tanh(score / softcap))
     before the mask and the softmax, as Gemma does.
     """
-    write_kv(k, v, k_cache, v_cache, meta)
     k_flat = k_cache.flatten(0, 1)
     v_flat = v_cache.flatten(0, 1)
+    write_kv(k, v, k_flat, v_flat, meta)
+    if meta.whole_batch is not None:  # a lone decoding request, or decodes in batch order
+        return _decode_attention(q, k_flat, v_flat, meta.whole_batch, scale, softcap).flatten(1)
     out = torch.empty_like(q)
     for span in meta.prefills:
         rows = slice(span.query_start, span.query_start + span.query_len)
@@ -82,9 +85,7 @@ def paged_attention(
             attn = _capped_attention(query, keys, values, span.mask, scale, softcap)
         out[rows] = attn[0].transpose(0, 1)
     for group in meta.decodes:
-        out[group.index] = _decode_attention(
-            q[group.index], k_cache, v_cache, group, scale, softcap
-        )
+        out[group.index] = _decode_attention(q[group.index], k_flat, v_flat, group, scale, softcap)
     return out.flatten(1)
 
 
@@ -98,21 +99,22 @@ def _capped_attention(
     query: torch.Tensor,
     keys: torch.Tensor,
     values: torch.Tensor,
-    mask: torch.Tensor,
+    mask: torch.Tensor | None,
     scale: float,
     softcap: float,
 ) -> torch.Tensor:
     """softmax(cap(q k^T * scale) masked) v, the softmax in float32 (transformers' eager path)."""
     scores = _capped(torch.matmul(query, keys.transpose(-1, -2)) * scale, softcap)
-    scores = scores.masked_fill(~mask, float("-inf"))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
     probs = scores.softmax(dim=-1, dtype=torch.float32).to(query.dtype)
     return torch.matmul(probs, values)
 
 
 def _decode_attention(
     query: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+    k_flat: torch.Tensor,
+    v_flat: torch.Tensor,
     group: DecodeGroup,
     scale: float,
     softcap: float | None = None,
@@ -126,12 +128,10 @@ def _decode_attention(
     kv heads are never repeated.
     """
     batch, num_heads, dim = query.shape
-    kv_heads = k_cache.shape[2]
-    k_flat = k_cache.flatten(0, 1)
-    v_flat = v_cache.flatten(0, 1)
-    query = query.view(batch, kv_heads, num_heads // kv_heads, dim)
-    keys = k_flat[group.slots].transpose(1, 2)  # [B, kv_heads, S, dim]
-    values = v_flat[group.slots].transpose(1, 2)
+    kv_heads = k_flat.shape[1]
+    query = query.reshape(batch, kv_heads, num_heads // kv_heads, dim)
+    keys = _gather(k_flat, group.slots)  # [B, kv_heads, S, dim]
+    values = _gather(v_flat, group.slots)
     if group.prefix_slots is None:
         if softcap is None:
             attn = F.scaled_dot_product_attention(
@@ -143,13 +143,14 @@ def _decode_attention(
     # Shared prefix: its keys and values are gathered once, and every query of the
     # group ([kv_heads, B * groups] rows) meets them in one matrix product; the
     # softmax runs over the prefix and each sequence's own tail together.
-    prefix_keys = k_flat[group.prefix_slots].transpose(0, 1)  # [kv_heads, P, dim]
-    prefix_values = v_flat[group.prefix_slots].transpose(0, 1)
+    prefix_keys = k_flat.index_select(0, group.prefix_slots).transpose(0, 1)  # [kv_heads, P, dim]
+    prefix_values = v_flat.index_select(0, group.prefix_slots).transpose(0, 1)
     rows = query.transpose(0, 1).reshape(kv_heads, -1, dim)  # [kv_heads, B * groups, dim]
     prefix_scores = _capped(torch.matmul(rows, prefix_keys.transpose(1, 2)).mul_(scale), softcap)
     prefix_len = prefix_scores.shape[-1]
     own_scores = _capped(torch.matmul(query, keys.transpose(2, 3)).mul_(scale), softcap)
-    own_scores.masked_fill_(~group.mask, float("-inf"))
+    if group.mask is not None:
+        own_scores.masked_fill_(~group.mask, float("-inf"))
     scores = torch.cat(
         (prefix_scores.view(kv_heads, batch, -1, prefix_len).transpose(0, 1), own_scores),
         dim=-1,
@@ -159,3 +160,10 @@ def _decode_attention(
     out = out.view(kv_heads, batch, -1, dim).transpose(0, 1)
     out = out + torch.matmul(scores[..., prefix_len:], values)
     return out.reshape(batch, num_heads, dim)
+
+
+def _gather(flat: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """[B, kv_heads, S, dim] of the flat cache at [B, S] slots (index_select: a third of
+    the cost of advanced indexing on the CPU)."""
+    rows = flat.index_select(0, slots.view(-1))
+    return rows.view(*slots.shape, *flat.shape[1:]).transpose(1, 2)

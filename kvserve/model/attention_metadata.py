@@ -49,11 +49,14 @@ class DecodeGroup:
     slots: torch.Tensor
     """[B, S] flat cache slots of each context after the shared prefix, padded with
     slot 0 (the null block, zeros) up to the group's longest S."""
-    mask: torch.Tensor
-    """[B, 1, 1, S] bool, True for real context, False for padding."""
+    mask: torch.Tensor | None
+    """[B, 1, 1, S] bool, True for real context, False for padding; None when there is no
+    padding (every context in the group equally long)."""
     prefix_slots: torch.Tensor | None = None
     """[P] flat cache slots of the prefix all sequences of the group share (positions
     [0, P) of each); None when they share none."""
+    in_order: bool = False
+    """Its rows are consecutive rows of the batch, in batch order."""
 
 
 DECODE_GROUP = 16
@@ -77,6 +80,9 @@ class AttentionMetadata:
     of similar context length."""
     window: int | None = None
     """Sliding window of the group's layers (None: full attention)."""
+    whole_batch: DecodeGroup | None = None
+    """The one decode group when it is the whole batch, rows in batch order (every step of
+    a lone decoding request): attended without gathering or scattering rows."""
 
     @classmethod
     def build(
@@ -142,7 +148,8 @@ class AttentionMetadata:
         if skipped:
             index = torch.cat(index_parts) if index_parts else empty
         groups = _decode_groups(decodes, block_size, device, window)
-        return cls(slot_tensor, index, prefills, groups, window)
+        whole = groups[0] if not prefills and len(groups) == 1 and groups[0].in_order else None
+        return cls(slot_tensor, index, prefills, groups, window, whole)
 
 
 def _slots(table: list[int], end: int, block_size: int, device: torch.device) -> torch.Tensor:
@@ -223,19 +230,23 @@ def _decode_group(
     tables = torch.tensor(
         [t + [0] * (width - len(t)) for _, _, t in part], dtype=torch.long, device=device
     )
-    lens = torch.tensor([n for _, n, _ in part], dtype=torch.long, device=device)
-    pos = torch.arange(prefix, max(int(lens.max()), prefix + 1), device=device)
+    lengths = [n for _, n, _ in part]
+    lens = torch.tensor(lengths, dtype=torch.long, device=device)
+    end = max(max(lengths), prefix + 1)  # at least one column, padding if need be
+    pos = torch.arange(prefix, end, device=device)
     valid = pos[None, :] < lens[:, None]
     slots = tables[:, pos // block_size] * block_size + pos % block_size
     prefix_slots = None
     if prefix:
         head = torch.arange(prefix, device=device)
         prefix_slots = tables[0, head // block_size] * block_size + head % block_size
+    padded = min(lengths) < end
     return DecodeGroup(
-        torch.tensor([q for q, _, _ in part], dtype=torch.long, device=device),
-        slots.masked_fill_(~valid, 0),
-        valid[:, None, None, :],
+        _rows(part, device),
+        slots.masked_fill_(~valid, 0) if padded else slots,
+        valid[:, None, None, :] if padded else None,
         prefix_slots,
+        _in_order(part),
     )
 
 
@@ -247,17 +258,30 @@ def _window_decode_group(
     tables = torch.tensor(
         [t + [0] * (width - len(t)) for _, _, t in part], dtype=torch.long, device=device
     )
-    lens = torch.tensor([n for _, n, _ in part], dtype=torch.long, device=device)
-    span = min(window, int(lens.max()))
+    lengths = [n for _, n, _ in part]
+    lens = torch.tensor(lengths, dtype=torch.long, device=device)
+    span = min(window, max(lengths))
     pos = lens[:, None] - span + torch.arange(span, device=device)[None, :]
     valid = pos >= 0
     pos = pos.clamp_(min=0)
     slots = tables.gather(1, pos // block_size) * block_size + pos % block_size
+    padded = min(lengths) < span
     return DecodeGroup(
-        torch.tensor([q for q, _, _ in part], dtype=torch.long, device=device),
-        slots.masked_fill_(~valid, 0),
-        valid[:, None, None, :],
+        _rows(part, device),
+        slots.masked_fill_(~valid, 0) if padded else slots,
+        valid[:, None, None, :] if padded else None,
+        in_order=_in_order(part),
     )
+
+
+def _rows(part: list[tuple[int, int, list[int]]], device: torch.device) -> torch.Tensor:
+    """The batch rows of a group's decodes."""
+    return torch.tensor([q for q, _, _ in part], dtype=torch.long, device=device)
+
+
+def _in_order(part: list[tuple[int, int, list[int]]]) -> bool:
+    first = part[0][0]
+    return [q for q, _, _ in part] == list(range(first, first + len(part)))
 
 
 def _causal_mask(

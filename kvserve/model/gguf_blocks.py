@@ -88,7 +88,7 @@ def int4_linear(
     if heads is not None:
         raw = unpermute_rows(raw, heads)  # whole rows of blocks move, bytes untouched
     codes, scales, zeros = int4_blocks(raw, tensor.tensor_type)
-    return Int4Linear(
+    return Int4Linear.from_codes(
         torch.from_numpy(codes),
         torch.from_numpy(scales).to(compute_dtype),
         torch.from_numpy(zeros).to(compute_dtype),

@@ -1,12 +1,17 @@
 """Building blocks shared by every decoder: RMSNorm, rotary embedding, gated MLP.
 
 The arithmetic follows the reference (transformers) operation for operation,
-in the same dtypes, so greedy decoding matches it token for token.
+in the same dtypes, so greedy decoding matches it token for token. What runs
+once per layer is kept to few torch calls (a decode step of a small model is
+mostly their dispatch): the rotary tables are built once per step, q and k
+rotate together, and the MLP's gate and up projections are one matmul once the
+loader has fused them (kvserve.model.fusion).
 """
 
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -23,14 +28,27 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
+        if x.dtype != torch.float32:
+            h = x.float()
+            return self.weight * (h * _inverse_rms(h, self.eps)).to(x.dtype)
+        return self.weight * (x * _inverse_rms(x, self.eps))
+
+
+def _inverse_rms(h: torch.Tensor, eps: float) -> torch.Tensor:
+    """1 / sqrt(mean(h^2) + eps) over the last dim (in place on the fresh mean: no copies)."""
+    return h.pow(2).mean(-1, keepdim=True).add_(eps).rsqrt_()
 
 
 class GatedMLP(nn.Module):
-    """down(silu(gate(x)) * up(x)), the SwiGLU feed-forward of Llama and Qwen."""
+    """down(silu(gate(x)) * up(x)), the SwiGLU feed-forward of Llama and Qwen.
+
+    gate_proj and up_proj load by their checkpoint names and run as one
+    gate_up_proj once the loader has fused them (kvserve.model.fusion).
+    """
+
+    FUSED_PROJECTIONS: ClassVar[dict[str, tuple[str, ...]]] = {
+        "gate_up_proj": ("gate_proj", "up_proj")
+    }
 
     def __init__(self, hidden: int, intermediate: int, bias: bool) -> None:
         super().__init__()
@@ -39,7 +57,12 @@ class GatedMLP(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate_up = self.gate_up_proj(x)
+        gate, up = gate_up.view(*x.shape[:-1], 2, -1).unbind(-2)
+        return self.down_proj(self.activation(gate) * up)
+
+    def activation(self, gate: torch.Tensor) -> torch.Tensor:
+        return nn.functional.silu(gate)
 
 
 def rope_inv_freq(rope: RopeConfig, head_dim: int, device: torch.device) -> torch.Tensor:
@@ -72,14 +95,19 @@ class RotaryEmbedding:
         self.inv_freq = rope_inv_freq(rope, head_dim, device)
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-        """[T, head_dim] cos and sin for the given token positions."""
-        freqs = positions[:, None].float() * self.inv_freq[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        """[T, 1, rotary_dim] cos and signed sin (-sin on the first half) for the given
+        token positions: built once per step, for every layer and head (`apply_rotary`)."""
+        freqs = positions[:, None, None].float() * self.inv_freq
+        cos, sin = freqs.cos(), freqs.sin()
+        return torch.cat((cos, cos), dim=-1).to(dtype), torch.cat((-sin, sin), dim=-1).to(dtype)
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate [T, heads, head_dim] by the per-token cos/sin ([T, head_dim])."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate [T, heads, rotary_dim] by the tables of `RotaryEmbedding.cos_sin`.
+
+    The reference's x * cos + cat(-x2, x1) * sin, as x * cos + cat(x2, x1) * signed_sin:
+    the same products (a sign moves exactly), in four torch calls.
+    """
+    halves = x.view(*x.shape[:-1], 2, x.shape[-1] // 2)  # the last dim is contiguous
+    rotated = halves.flip(-2).view(x.shape).mul_(signed_sin)  # cat(x2, x1) * signed_sin
+    return rotated.add_(x * cos)

@@ -5,7 +5,8 @@ when loaded); a GGUF file is read with gguf-py (kvserve.model.gguf_weights).
 Either way the model is built on the meta device, every checkpoint name and
 shape is checked against it before any tensor is read, and the tensors are
 then assigned directly in the target dtype and device: no random init, no
-second copy.
+second copy. The projections that read one input are then stacked into one
+layer each (kvserve.model.fusion), and quantization packs what it packs.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from kvserve.model.config import (
     read_json,
 )
 from kvserve.model.errors import ModelLoadError
+from kvserve.model.fusion import fuse_projections
 from kvserve.model.gguf_blocks import gguf_packed_layers
 from kvserve.model.gguf_config import gguf_config_dicts
 from kvserve.model.gguf_file import open_gguf
@@ -89,6 +91,7 @@ def load_model(
     else:
         state = _safetensors_state_dict(checkpoint.directory, expected, config, dtype, device)
     model.load_state_dict(state, strict=True, assign=True)
+    fuse_projections(model)  # q/k/v and gate/up as one matmul each, before any packing
     if quantization in ("int8", "int4"):
         summary = quantize_model(model, quantization)
     if quantization != "none":

@@ -30,6 +30,11 @@ INT4_ROWS = 16
 """The CPU int4 packing wants the output rows in multiples of this."""
 INT8_COLUMNS = 16
 """The CPU int8 kernel runs only input widths that are multiples of this."""
+INT4_STACK_ROWS = 64
+"""The CPU int4 packing's block of rows (64 with AVX-512, 32 with AVX2 or none): a packed
+weight whose rows fill whole blocks can be followed by another's rows as they are."""
+INT4_MM = torch.ops.aten._weight_int4pack_mm_for_cpu.default
+"""The kernel's overload, resolved once (the op packet resolves it on every call)."""
 
 
 def int8_fits(in_features: int) -> bool:
@@ -63,14 +68,17 @@ class PackedLinear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features).to(self.compute_dtype).contiguous()
-        out = self.matmul(flat).to(x.dtype)
-        if self.bias is not None:
-            out = out + self.bias
-        return out.view(*x.shape[:-1], self.out_features)
+        if x.dim() != 2:
+            return self.forward(x.reshape(-1, self.in_features)).view(*x.shape[:-1], -1)
+        out = self.matmul(x.to(self.compute_dtype).contiguous()).to(x.dtype)
+        return out if self.bias is None else out.add_(self.bias)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
+
+    def layout(self) -> tuple:
+        """What layers stacked into one must share."""
+        return (type(self), self.in_features, self.compute_dtype, self.bias is None)
 
     def dequantized(self) -> torch.Tensor:
         """The weight [N, K] the kernel multiplies by, in float32 (one product with I)."""
@@ -113,6 +121,15 @@ class Int8Linear(PackedLinear):
         q = torch.round(w / scales.float()[:, None]).clamp(-127, 127).to(torch.int8)
         return cls(q, scales, bias)
 
+    @classmethod
+    def stacked(cls, parts: list[Int8Linear]) -> Int8Linear | None:
+        """One layer computing all of `parts` on the same input (rows and their scales
+        stacked), or None where their widths, compute dtypes or biases disagree."""
+        if not same_layout(parts):
+            return None
+        weight = torch.cat([p.weight_int8 for p in parts])
+        return cls(weight, torch.cat([p.scales for p in parts]), stacked_bias(parts))
+
     @property
     def device(self) -> torch.device:
         return self.weight_int8.device
@@ -126,12 +143,28 @@ class Int4Linear(PackedLinear):
 
     def __init__(
         self,
+        packed: torch.Tensor,
+        scales_and_zeros: torch.Tensor,
+        bias: torch.Tensor | None,
+        group_size: int,
+    ) -> None:
+        """`packed`: the codes in the kernel's layout ([N, K/2] uint8, from `from_codes`);
+        `scales_and_zeros` [K / group_size, N, 2], in the dtype the layer computes in."""
+        out_features, in_features = packed.shape[0], packed.shape[1] * 2
+        super().__init__(in_features, out_features, bias, scales_and_zeros.dtype)
+        self.group_size = group_size
+        self.register_buffer("packed", packed, persistent=False)
+        self.register_buffer("scales_and_zeros", scales_and_zeros, persistent=False)
+
+    @classmethod
+    def from_codes(
+        cls,
         codes: torch.Tensor,
         scales: torch.Tensor,
         zeros: torch.Tensor,
         bias: torch.Tensor | None,
         group_size: int,
-    ) -> None:
+    ) -> Int4Linear:
         """`codes` int32 [N, K] in 0..15; `scales` and `zeros` [N, K / group_size], in the
         dtype the layer computes in."""
         out_features, in_features = codes.shape
@@ -141,12 +174,24 @@ class Int4Linear(PackedLinear):
                 f"{group_size} (rows a multiple of {INT4_ROWS}, group one of "
                 f"{INT4_GROUP_SIZES} dividing the columns)"
             )
-        super().__init__(in_features, out_features, bias, scales.dtype)
-        self.group_size = group_size
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.contiguous(), 1)
-        self.register_buffer("packed", packed, persistent=False)
         pairs = torch.stack((scales, zeros), dim=-1).transpose(0, 1).contiguous()
-        self.register_buffer("scales_and_zeros", pairs, persistent=False)
+        return cls(packed, pairs, bias, group_size)
+
+    @classmethod
+    def stacked(cls, parts: list[Int4Linear]) -> Int4Linear | None:
+        """One layer computing all of `parts` on the same input (rows stacked), or None
+        where the packed layout does not allow it: the CPU packing stores rows in blocks
+        of INT4_STACK_ROWS (fewer without AVX-512), so every part but the last must fill
+        whole blocks; groups and compute dtypes must agree."""
+        if not same_layout(parts) or any(p.out_features % INT4_STACK_ROWS for p in parts[:-1]):
+            return None
+        return cls(
+            torch.cat([p.packed for p in parts]),
+            torch.cat([p.scales_and_zeros for p in parts], dim=1),
+            stacked_bias(parts),
+            parts[0].group_size,
+        )
 
     @classmethod
     def quantize(
@@ -167,19 +212,33 @@ class Int4Linear(PackedLinear):
         zeros = (low + 8 * scales.float()).to(compute_dtype)
         q = torch.round((groups - zeros.float()[..., None]) / scales.float()[..., None]) + 8
         codes = q.clamp(0, 15).to(torch.int32).view(out_features, in_features)
-        return cls(codes, scales, zeros, bias, group_size)
+        return cls.from_codes(codes, scales, zeros, bias, group_size)
 
     @property
     def device(self) -> torch.device:
         return self.packed.device
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.aten._weight_int4pack_mm_for_cpu(
-            x, self.packed, self.group_size, self.scales_and_zeros
-        )
+        return INT4_MM(x, self.packed, self.group_size, self.scales_and_zeros)
+
+    def layout(self) -> tuple:
+        return (*super().layout(), self.group_size)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, group={self.group_size}"
+
+
+def same_layout(parts: list[PackedLinear]) -> bool:
+    """Whether packed layers can be stacked into one: the same kind, input width, compute
+    dtype and group, and a bias on all or none."""
+    return len({p.layout() for p in parts}) == 1
+
+
+def stacked_bias(parts: list[nn.Module]) -> torch.Tensor | None:
+    """The biases of layers whose rows are stacked (all of them have one, or none)."""
+    if parts[0].bias is None:
+        return None
+    return torch.cat([p.bias.detach() for p in parts])
 
 
 def packed_bytes(module: nn.Module) -> int:

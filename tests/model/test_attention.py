@@ -72,3 +72,43 @@ def test_bad_block_tables_are_refused():
         AttentionMetadata.build([(0, 5, [1], 0)], BS, cpu)
     with pytest.raises(ValueError, match="null block"):
         AttentionMetadata.build([(0, 2, [0], 0)], BS, cpu)
+
+
+def decode_batch(lengths: list[int], tables: list[list[int]]):
+    """Caches holding each sequence's context before its last position, and one new
+    token per sequence (at position length - 1)."""
+    torch.manual_seed(len(lengths))
+    caches = [torch.full((32, BS, KV_HEADS, DIM), float("nan")) for _ in range(2)]
+    for c in caches:
+        c[0].zero_()
+    full = [(torch.randn(n, KV_HEADS, DIM), torch.randn(n, KV_HEADS, DIM)) for n in lengths]
+    for (k, v), table, n in zip(full, tables, lengths, strict=True):
+        for p in range(n - 1):
+            caches[0][table[p // BS], p % BS] = k[p]
+            caches[1][table[p // BS], p % BS] = v[p]
+    q = torch.randn(len(lengths), HEADS, DIM)
+    new_k = torch.stack([k[-1] for k, _ in full])
+    new_v = torch.stack([v[-1] for _, v in full])
+    spans = [(n - 1, 1, table, 0) for n, table in zip(lengths, tables, strict=True)]
+    return caches, full, q, new_k, new_v, spans
+
+
+@pytest.mark.parametrize(
+    ("lengths", "tables", "whole"),
+    [
+        ([6], [[4, 9]], True),  # a lone decoding request
+        ([6, 6], [[4, 9], [11, 2]], True),  # equally long: no padding, no mask
+        ([3, 9, 5], [[7], [1, 8, 3], [5, 6]], False),  # sorted by length: rows reordered
+        ([3, 5, 9], [[7], [5, 6], [1, 8, 3]], True),  # already in length order
+    ],
+)
+def test_decode_batches_with_and_without_the_whole_batch_path(lengths, tables, whole):
+    caches, full, q, new_k, new_v, spans = decode_batch(lengths, tables)
+    meta = AttentionMetadata.build(spans, BS, torch.device("cpu"))
+    assert (meta.whole_batch is not None) == whole
+    padded = len(set(lengths)) > 1
+    assert all((group.mask is not None) == padded for group in meta.decodes)
+    out = paged_attention(q, new_k, new_v, caches[0], caches[1], meta, DIM**-0.5)
+    for i, (k, v) in enumerate(full):
+        expected = dense(q[i : i + 1], k, v, lengths[i] - 1)
+        torch.testing.assert_close(out[i : i + 1], expected)

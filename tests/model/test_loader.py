@@ -10,6 +10,7 @@ import pytest
 import torch
 from model_driver import make_chunk
 from safetensors.torch import load_file, save_file
+from stacked_state import stacked_state
 
 from kvserve.model import ModelLoadError, ModelRunner, load_model, load_model_config
 from kvserve.model.loader import weight_files
@@ -54,10 +55,13 @@ def test_layouts_of_the_fixtures(checkpoints):
 
 
 def test_weights_match_transformers_exactly(checkpoints):
+    """Every weight by name, q/k/v and gate/up stacked as the loader stacks them."""
     ck = checkpoints["qwen3"]
     model, _ = load(Path(ck.path))
     ours = model.state_dict()
-    for name, tensor in ck.hf_model.state_dict().items():
+    expected = stacked_state(ck.hf_model.state_dict())
+    assert ours.keys() == expected.keys()
+    for name, tensor in expected.items():
         assert torch.equal(ours[name], tensor), name
 
 

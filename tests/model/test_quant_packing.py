@@ -98,7 +98,7 @@ def test_gguf_4bit_blocks_are_the_kernels_weights_bit_for_bit(qtype):
     stored, decoded = encode(array, qtype, rng)
     codes, scales, zeros = int4_blocks(np.asarray(stored).reshape(48, -1), qtype)
     assert codes.min() >= 0 and codes.max() <= 15 and len(np.unique(codes)) == 16
-    packed = Int4Linear(*map(torch.from_numpy, (codes, scales, zeros)), None, 32)
+    packed = Int4Linear.from_codes(*map(torch.from_numpy, (codes, scales, zeros)), None, 32)
     assert torch.equal(packed.dequantized(), torch.from_numpy(decoded))
 
 

@@ -17,6 +17,7 @@ import torch
 from gguf import GGMLQuantizationType as T
 from gguf_files import write_gguf
 from model_driver import NEW, generate, prompt
+from stacked_state import stacked_state
 from teacher_forcing import teacher_forced_logits
 
 from kvserve import LLM
@@ -78,7 +79,7 @@ def test_every_projection_and_the_lm_head_are_packed(checkpoints, float_logits, 
         layers = dict(model.model.layers.named_modules())
         assert not any(isinstance(m, torch.nn.Linear) for m in layers.values()), arch
         packed = [m for m in layers.values() if isinstance(m, PackedLinear)]
-        assert len(packed) == 7 * runner.config.num_layers, arch
+        assert len(packed) == 4 * runner.config.num_layers, arch  # q/k/v and gate/up stacked
         kind = Int4Linear if mode == "int4" else Int8Linear
         assert all(isinstance(m, kind) for m in packed), arch
         # The lm_head is packed at 8 bits in both modes; a tied one gets its own copy.
@@ -117,8 +118,9 @@ def test_gguf_mode_keeps_4bit_blocks_with_their_rows_in_place(checkpoints, tmp_p
     weight is the file's dequantized one, up to the bfloat16 rounding of scale and zero."""
     ck = checkpoints["llama"]
     runner, reference = gguf_runners(ck.hf_model, tmp_path / "m.gguf", qtype)
+    reference = stacked_state(reference)
     packed = {n: m for n, m in runner.model.named_modules() if isinstance(m, PackedLinear)}
-    assert len(packed) == 7 * runner.config.num_layers + 1
+    assert len(packed) == 4 * runner.config.num_layers + 1
     assert all(isinstance(m, Int4Linear) for m in packed.values())
     for name, module in packed.items():
         expected = reference[f"{name}.weight"]
@@ -132,7 +134,7 @@ def test_gguf_mode_requantizes_q8_0_and_keeps_float_tensors_float(checkpoints, t
     model = checkpoints["qwen2"].hf_model
     runner, _ = gguf_runners(model, tmp_path / "q8.gguf", T.Q8_0)
     layers = [m for m in runner.model.model.layers.modules() if isinstance(m, PackedLinear)]
-    assert len(layers) == 7 * runner.config.num_layers
+    assert len(layers) == 4 * runner.config.num_layers
     assert all(isinstance(m, Int8Linear) for m in layers)
     assert isinstance(runner.model.lm_head, Int8Linear)
     runner, _ = gguf_runners(model, tmp_path / "f16.gguf", T.F16)

@@ -8,6 +8,7 @@ checkpoints so weights load by name without a mapping table.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -30,6 +31,13 @@ class DecoderOptions:
 
 
 class DecoderAttention(nn.Module):
+    """q/k/v load by their checkpoint names and run as one qkv_proj once the loader has
+    fused them (kvserve.model.fusion); q and k rotate together."""
+
+    FUSED_PROJECTIONS: ClassVar[dict[str, tuple[str, ...]]] = {
+        "qkv_proj": ("q_proj", "k_proj", "v_proj")
+    }
+
     def __init__(self, config: ModelConfig, options: DecoderOptions) -> None:
         super().__init__()
         self.num_heads = config.num_heads
@@ -51,21 +59,22 @@ class DecoderAttention(nn.Module):
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        tokens = x.shape[0]
-        q = self.q_proj(x).view(tokens, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q = self.q_norm(q)
-            k = self.k_norm(k)
+        heads, kv_heads = self.num_heads, self.num_kv_heads
+        qkv = self.qkv_proj(x).view(x.shape[0], heads + 2 * kv_heads, self.head_dim)
+        v = qkv[:, heads + kv_heads :]
         cos, sin = cos_sin
-        q = self.rotate(q, cos, sin)
-        k = self.rotate(k, cos, sin)
+        if self.q_norm is None:  # q and k side by side: one rotation
+            qk = self.rotate(qkv[:, : heads + kv_heads], cos, sin)
+            q, k = qk[:, :heads], qk[:, heads:]
+        else:
+            q = self.rotate(self.q_norm(qkv[:, :heads]), cos, sin)
+            k = self.rotate(self.k_norm(qkv[:, heads : heads + kv_heads]), cos, sin)
         out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
         return self.o_proj(out)
 
     def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """The rotary embedding of q or k (a partial rotary model overrides this)."""
+        """The rotary embedding of [T, heads, head_dim] (a partial rotary model overrides
+        this)."""
         return apply_rotary(x, cos, sin)
 
 
@@ -84,8 +93,9 @@ class DecoderLayer(nn.Module):
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos_sin, kv_cache, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        """The residual stream `x` is updated in place: the model's forward owns it."""
+        x.add_(self.self_attn(self.input_layernorm(x), cos_sin, kv_cache, meta))
+        return x.add_(self.mlp(self.post_attention_layernorm(x)))
 
 
 class DecoderModel(nn.Module):

@@ -21,7 +21,7 @@ from torch import nn
 
 from kvserve.model.attention_metadata import AttentionMetadata
 from kvserve.model.config import ModelConfig, RopeConfig, _rope_config
-from kvserve.model.layers import RotaryEmbedding
+from kvserve.model.layers import GatedMLP, RotaryEmbedding
 from kvserve.model.models.decoder import DecoderAttention, DecoderForCausalLM, DecoderOptions
 
 DEFAULT_GLOBAL_THETA = 1_000_000.0
@@ -42,16 +42,14 @@ class GemmaRMSNorm(nn.Module):
         return (h * (1.0 + self.weight.float())).to(x.dtype)
 
 
-class GemmaMLP(nn.Module):
-    def __init__(self, hidden: int, intermediate: int) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+class GemmaMLP(GatedMLP):
+    """The gated MLP with gelu-tanh for silu, and no biases."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate = nn.functional.gelu(self.gate_proj(x), approximate="tanh")
-        return self.down_proj(gate * self.up_proj(x))
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__(hidden, intermediate, bias=False)
+
+    def activation(self, gate: torch.Tensor) -> torch.Tensor:
+        return nn.functional.gelu(gate, approximate="tanh")
 
 
 def gemma3_ropes(raw: dict[str, Any]) -> tuple[RopeConfig, RopeConfig]:
