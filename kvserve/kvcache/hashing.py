@@ -12,7 +12,6 @@ import struct
 import sys
 from array import array
 from collections.abc import Callable
-from typing import Any
 
 import xxhash
 
@@ -20,8 +19,6 @@ HASH_FUNCTIONS: dict[str, Callable[[bytes], bytes]] = {
     "sha256": lambda data: hashlib.sha256(data).digest(),
     "xxh3_128": xxhash.xxh3_128_digest,
 }
-
-_HASHLIB_CONSTRUCTORS: dict[str, Callable[[bytes], Any]] = {"sha256": hashlib.sha256}
 
 DEFAULT_HASH = "sha256"
 DEFAULT_SEED = 0
@@ -50,7 +47,7 @@ class BlockHasher:
     (tests inject weak ones to provoke collisions).
     """
 
-    __slots__ = ("_digest", "_new", "_pack", "block_size", "hash_name", "root", "seed")
+    __slots__ = ("_digest", "_pack", "block_size", "hash_name", "root", "seed")
 
     def __init__(
         self,
@@ -70,8 +67,6 @@ class BlockHasher:
         else:
             self.hash_name = getattr(hash_fn, "__name__", "custom")
             self._digest = hash_fn
-        self._new = _HASHLIB_CONSTRUCTORS.get(hash_fn) if isinstance(hash_fn, str) else None
-        """hashlib's constructor for a hashlib function: the hot loop calls it directly."""
         self.block_size = block_size
         self.seed = seed
         self._pack = struct.Struct(f"<{block_size}I").pack
@@ -109,13 +104,6 @@ class BlockHasher:
             hashes.append(parent)
             n, offset = 1, width
         append = hashes.append
-        new = self._new
-        if new is not None:
-            for _ in range(n, end):
-                parent = new(parent + data[offset : offset + width] + other_extra).digest()
-                offset += width
-                append(parent)
-            return
         for _ in range(n, end):
             parent = digest(parent + data[offset : offset + width] + other_extra)
             offset += width
