@@ -24,20 +24,25 @@ routed run.
 
 live (route_live.py): `--live-replicas` `kvserve serve` replicas (the tiny
 demo checkpoint unless `--model`), each with KV events and a replay socket
-on free loopback ports, behind `kvserve route --policy cache-aware`, then
-(fresh replicas each time) behind vllm-router with `round_robin` and
-`cache_aware`. vllm-router is a benchmark-only dependency, installed outside
-the project's venv (see benchmarks/README.md); without it that part is
-skipped with a note. It adds fields of its own to every body, which
-`kvserve serve` ignores (the report names them, from the replicas' logs), so
-it talks to the replicas directly. The workload is
-serve_load.py's multi-turn chats, each turn's prompt the whole history,
-`--concurrency` chats at once, streamed with `stream_options.include_usage`.
-Figures: the sum of every answer's `usage.prompt_tokens_details.cached_tokens`,
-TTFT p50 / p99, and each replica's requests, prompt tokens and prefix-cache hits from its own
+on free loopback ports, behind `kvserve route --policy cache-aware` and
+`--policy round-robin`, then (fresh replicas each time) behind vllm-router
+with `round_robin` and `cache_aware`. The two round-robins make the same
+choices, so what differs between them is the router itself. vllm-router is a
+benchmark-only dependency, installed outside the project's venv (see
+benchmarks/README.md); without it that part is skipped with a note. It adds
+fields of its own to every body, which `kvserve serve` ignores (the report
+names them, from the replicas' logs), so it talks to the replicas directly.
+The workload is serve_load.py's multi-turn chats, each turn's prompt the
+whole history, `--concurrency` chats at once, streamed with
+`stream_options.include_usage`. Figures: the sum of every answer's
+`usage.prompt_tokens_details.cached_tokens`, TTFT p50 / p99, and each
+replica's requests, prompt tokens and prefix-cache hits from its own
 /metrics (deltas over the run, warm-up excluded). Ratios: kvserve
 cache-aware ÷ vllm-router cache_aware for cached tokens (target ≥ 1.3 at 4
-replicas) and for TTFT p99.
+replicas) and for TTFT p99. Last, what kvserve route spent routing each
+request before sending it, from its own /metrics histograms: tokenizing
+(chat template and tokenizer) and predicting (every replica's view brought
+up to date, then matched); p50 / p99 as the histogram bucket they fall in.
 """
 
 from __future__ import annotations
@@ -137,6 +142,23 @@ def print_live(model: str, args: argparse.Namespace, results: list[LiveResult]) 
         )
 
 
+def print_stages(results: list[LiveResult]) -> None:
+    """What kvserve route spent routing each request before sending it (its own histograms)."""
+    ours = [r for r in results if r.stages]
+    if not ours:
+        return
+    header = ["router (its /metrics, every round)"]
+    for name in ours[0].stages:
+        header += [f"{name} mean ms", f"{name} p50 ≤ ms", f"{name} p99 ≤ ms"]
+    rows = []
+    for r in ours:
+        row = [r.label]
+        for s in r.stages.values():
+            row += [fmt(s.mean_ms(), digits=2), fmt(s.bound_ms(0.5)), fmt(s.bound_ms(0.99))]
+        rows.append(row)
+    table(header, rows)
+
+
 def main() -> int:
     args = parse_args()
     notes: list[str] = []
@@ -151,6 +173,7 @@ def main() -> int:
         print_simulate(args, sim_rows)
     if live is not None:
         print_live(live[0], args, live[1])
+        print_stages(live[1])
     for r in live[1] if live else []:
         if r.ignored:
             notes.append(f"{r.label}: the replicas ignored the fields {', '.join(r.ignored)}")

@@ -30,9 +30,14 @@ from serve_load import multi_turn as chat_workload
 from serve_targets import Process, child_env, free_port, kvserve_process, note, warm_up_prompt
 
 KVSERVE_CA = "kvserve route, cache-aware"
+KVSERVE_RR = "kvserve route, round-robin"
 VLLM_RR = "vllm-router, round_robin"
 VLLM_CA = "vllm-router, cache_aware"
-TARGETS = (KVSERVE_CA, VLLM_RR, VLLM_CA)
+TARGETS = (KVSERVE_CA, KVSERVE_RR, VLLM_RR, VLLM_CA)
+"""kvserve's round-robin beside vllm-router's: the same choices, so what differs is the router."""
+KVSERVE_POLICY = {KVSERVE_CA: "cache-aware", KVSERVE_RR: "round-robin"}
+STAGES = ("tokenize", "predict")
+"""kvserve route's own histograms (`kvserve:router_<stage>_seconds`): what routing costs."""
 IGNORED_WARNING = "ignoring request field(s) kvserve does not know"
 """How a replica logs the fields it ignored (kvserve/serve/fields.py)."""
 VLLM_ROUTER_DIR = Path("/tmp/vllm-router-pkg")
@@ -48,6 +53,36 @@ class LiveResult:
     """Each replica's /metrics deltas over the run: requests, prompt and cached tokens."""
     ignored: list[str] = field(default_factory=list)
     """The request fields the replicas ignored (their log's warnings): vllm-router's own."""
+    stages: dict[str, Stage] = field(default_factory=dict)
+    """kvserve route's routing stages over every round (empty for vllm-router)."""
+
+
+@dataclass(slots=True)
+class Stage:
+    """One stage's histogram deltas: observations, their sum, and cumulative bucket counts."""
+
+    count: float = 0.0
+    total: float = 0.0
+    buckets: dict[float, float] = field(default_factory=dict)
+
+    def minus(self, other: Stage) -> Stage:
+        left = {le: n - other.buckets.get(le, 0.0) for le, n in self.buckets.items()}
+        return Stage(self.count - other.count, self.total - other.total, left)
+
+    def plus(self, other: Stage) -> Stage:
+        keys = self.buckets.keys() | other.buckets.keys()
+        both = {le: self.buckets.get(le, 0.0) + other.buckets.get(le, 0.0) for le in keys}
+        return Stage(self.count + other.count, self.total + other.total, both)
+
+    def mean_ms(self) -> float | None:
+        return 1000 * self.total / self.count if self.count else None
+
+    def bound_ms(self, q: float) -> float | None:
+        """The smallest bucket bound that `q` of the observations stay within (ms)."""
+        for le in sorted(self.buckets):
+            if self.count and self.buckets[le] >= q * self.count:
+                return 1000 * le
+        return None
 
 
 def find_vllm_router(given: str | None) -> tuple[list[str], str | None] | str:
@@ -85,9 +120,9 @@ def replica_process(args: argparse.Namespace, rank: int, logs: Path) -> Process:
 def router_process(
     label: str, urls: list[str], vllm: tuple[list[str], str | None] | None, logs: Path
 ) -> Process:
-    if label == KVSERVE_CA:
+    if label in KVSERVE_POLICY:
         cmd = [sys.executable, "-m", "kvserve.cli", "route", "--port", "{port}"]
-        cmd += ["--policy", "cache-aware"]
+        cmd += ["--policy", KVSERVE_POLICY[label]]
         for url in urls:
             cmd += ["--replica", url]
         return Process(label, cmd, child_env(1), logs)
@@ -117,6 +152,25 @@ def scrape(url: str) -> dict[str, float]:
     return out
 
 
+def scrape_stages(url: str) -> dict[str, Stage]:
+    """kvserve route's routing-stage histograms, from its /metrics."""
+    stages = {name: Stage() for name in STAGES}
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        for name, stage in stages.items():
+            metric = f"kvserve:router_{name}_seconds"
+            if not line.startswith(metric):
+                continue
+            value = float(line.rsplit(" ", 1)[1])
+            if line.startswith(f"{metric}_count"):
+                stage.count = value
+            elif line.startswith(f"{metric}_sum"):
+                stage.total = value
+            elif line.startswith(f"{metric}_bucket"):
+                le = line.split('le="', 1)[1].split('"', 1)[0]
+                stage.buckets[float(le)] = value
+    return stages
+
+
 def run_target(
     label: str,
     args: argparse.Namespace,
@@ -137,6 +191,8 @@ def run_target(
         warm = LoadWorkload("warm-up", [warm_up_prompt(), Conversation("Be brief.", ("Hi!",))], "")
         asyncio.run(run_workload(target, warm, 1, 4, float("inf"), 0))
         before = [scrape(r.url) for r in replicas]
+        ours = label in KVSERVE_POLICY
+        stages_before = scrape_stages(router.url) if ours else {}
         note(f"  {workload.name}: {len(workload.jobs)} chats")
         run: Run = asyncio.run(
             run_workload(
@@ -144,13 +200,15 @@ def run_target(
             )
         )
         after = [scrape(r.url) for r in replicas]
+        stages = scrape_stages(router.url) if ours else {}
     finally:
         if router is not None:
             router.stop()
         for p in replicas:
             p.stop()
     deltas = [{k: a[k] - b[k] for k in a} for a, b in zip(after, before, strict=True)]
-    return TargetRun(run, deltas, ignored_fields(replicas))
+    spent = {name: stages[name].minus(stages_before[name]) for name in stages}
+    return TargetRun(run, deltas, ignored_fields(replicas), spent)
 
 
 @dataclass
@@ -160,6 +218,7 @@ class TargetRun:
     run: Run
     deltas: list[dict[str, float]]
     ignored: list[str]
+    stages: dict[str, Stage]
 
 
 def combine(label: str, rounds: list[TargetRun]) -> LiveResult:
@@ -178,9 +237,11 @@ def combine(label: str, rounds: list[TargetRun]) -> LiveResult:
         for i in range(len(rounds[0].deltas))
     ]
     ignored = sorted({name for r in rounds for name in r.ignored})
-    return LiveResult(
-        label, summarize([r.run for r in rounds]), round(cached / n), per_replica, ignored
-    )
+    stages = {name: Stage() for name in rounds[0].stages}
+    for r in rounds:
+        stages = {name: stages[name].plus(r.stages[name]) for name in stages}
+    summary = summarize([r.run for r in rounds])
+    return LiveResult(label, summary, round(cached / n), per_replica, ignored, stages)
 
 
 def ignored_fields(replicas: list[Process]) -> list[str]:
@@ -226,13 +287,13 @@ def run_live(args: argparse.Namespace, notes: list[str]) -> tuple[str, list[Live
             # Every other round in reverse order, so a drift in the machine's load
             # weighs on every target alike.
             for label in TARGETS if rnd % 2 == 0 else TARGETS[::-1]:
-                if label in skipped or (label != KVSERVE_CA and isinstance(vllm, str)):
+                if label in skipped or (label not in KVSERVE_POLICY and isinstance(vllm, str)):
                     continue
                 router = None if isinstance(vllm, str) else vllm
                 try:
                     got = run_target(label, args, workload, router, Path(logs))
                 except SystemExit as exc:  # a router that does not start: a note, not the end
-                    if label == KVSERVE_CA:
+                    if label in KVSERVE_POLICY:
                         raise
                     skipped.add(label)
                     notes.append(f"{label} skipped: {str(exc).splitlines()[0]}")

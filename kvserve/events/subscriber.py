@@ -87,9 +87,17 @@ class KVEventSubscriber:
 
     def _request(self, request: bytes) -> list[list[bytes]]:
         """Send one request; the reply's messages (frames after the delimiter) up to END."""
+        self._send(request)
+        return self._reply()
+
+    def _send(self, request: bytes) -> None:
         if self._dealer is None:
             raise ReplayUnavailable("no replay endpoint configured")
         self._dealer.send_multipart([b"", request])
+
+    def _reply(self) -> list[list[bytes]]:
+        """The messages answering the request sent last, up to END (within the timeout)."""
+        assert self._dealer is not None
         out = []
         deadline = time.monotonic() + self.request_timeout
         while True:
@@ -145,7 +153,17 @@ class KVEventSubscriber:
 
     def publisher_last_seq(self) -> int:
         """The last seq the publisher assigned (published or dropped); -1 before any."""
-        (reply,) = self._request(LAST_SEQ_REQUEST)
+        self.ask_last_seq()
+        return self.read_last_seq()
+
+    def ask_last_seq(self) -> None:
+        """Send `kv-last-seq` without waiting: a caller following several engines asks
+        them all, then reads each answer (`read_last_seq`), paying one round trip, not N."""
+        self._send(LAST_SEQ_REQUEST)
+
+    def read_last_seq(self) -> int:
+        """The answer to `ask_last_seq`."""
+        (reply,) = self._reply()
         return int.from_bytes(reply[1], "big", signed=True)
 
     def catch_up(self) -> None:

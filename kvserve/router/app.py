@@ -15,6 +15,7 @@ import contextlib
 import hmac
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -119,6 +120,7 @@ async def _predict(state: RouterState, chat: bool, raw: bytes) -> Prediction:
     except ValueError:
         return Prediction()
     loop = asyncio.get_running_loop()
+    started = time.perf_counter()
     try:
         prompts = await loop.run_in_executor(
             state.tokenizer_thread, prompt_token_ids, state.tokenizer, chat, body
@@ -128,11 +130,14 @@ async def _predict(state: RouterState, chat: bool, raw: bytes) -> Prediction:
         return Prediction()
     if prompts is None:
         return Prediction()
+    tokenized = time.perf_counter()
+    state.metrics.tokenize_seconds.observe(tokenized - started)
     future = state.follower.predict(prompts, extra_keys(body))
     try:
         hits = await asyncio.wait_for(asyncio.wrap_future(future), PREDICT_TIMEOUT_SECONDS)
     except TimeoutError:
         log.warning("no prediction: the event follower did not answer in time")
         hits = {}
+    state.metrics.predict_seconds.observe(time.perf_counter() - tokenized)
     num_tokens = sum(len(p) for p in prompts)
     return Prediction(num_tokens, [hits.get(r.index) if r.caching else 0 for r in state.replicas])

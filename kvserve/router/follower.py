@@ -11,9 +11,10 @@ arrived: a follow-up turn is routed right after the answer to the previous
 one, whose last step's events may still be on their way. So before it
 answers the predictions waiting, the thread asks each replica for its last
 sequence number (`kv-last-seq` on the replay socket) and applies the stream
-up to it: one round trip per replica, shared by every request that arrived
-meanwhile. A replica whose last sequence number went back has restarted: its
-view is rebuilt from a snapshot.
+up to it: the replicas are all asked at once, so this costs about one
+round trip, shared by every request that arrived meanwhile. A replica whose
+last sequence number went back has restarted: its view is rebuilt from a
+snapshot.
 """
 
 from __future__ import annotations
@@ -208,7 +209,7 @@ class EventFollower:
         self._waiting[replica] = time.monotonic() + RETRY_SECONDS
 
     def _sync(self, sub: KVEventSubscriber) -> None:
-        last = sub.publisher_last_seq()
+        last = sub.read_last_seq()
         if sub.last_seq is not None and last < sub.last_seq:
             sub.resync()  # the replica restarted: its sequence numbers began again
         if last > (-1 if sub.last_seq is None else sub.last_seq):
@@ -216,7 +217,15 @@ class EventFollower:
 
     def _answer(self, predictions: list[tuple[Any, ...]], poller: zmq.Poller) -> None:
         fresh: list[Hashable] = []
-        for replica, sub in list(self._subs.items()):
+        asked: list[tuple[int, KVEventSubscriber]] = []
+        for replica, sub in list(self._subs.items()):  # every replica asked before any answer
+            try:  # is read: the round trips overlap
+                sub.ask_last_seq()
+            except Exception as exc:
+                self._lost(replica, poller, exc)
+            else:
+                asked.append((replica, sub))
+        for replica, sub in asked:
             try:
                 self._sync(sub)
             except (ReplayUnavailable, TimeoutError) as exc:  # slow, or down: ask again next time

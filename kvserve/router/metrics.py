@@ -7,6 +7,9 @@ counts answers whose cached tokens equal the predicted hit,
 that carried no usage (a stream without `stream_options.include_usage`, an
 error) or had no prediction (a replica whose events are not followed).
 Loads, health and the size of each replica's view are read at scrape time.
+What routing itself costs a request before it is sent: `tokenize_seconds`
+(the prompt through the chat template and tokenizer) and `predict_seconds`
+(every followed view brought up to date, then matched).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -22,6 +25,8 @@ if TYPE_CHECKING:
     from kvserve.router.replicas import Replica
 
 PREFIX = "kvserve:router_"
+STAGE_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+"""Seconds: routing should cost a millisecond or two; the tail is what to see."""
 
 
 class RouterMetrics:
@@ -51,6 +56,14 @@ class RouterMetrics:
         self.unverified = counter(
             "prediction_unverified", "Answers without usage, or requests without a prediction."
         )
+        self.tokenize_seconds = Histogram(
+            f"{PREFIX}tokenize_seconds", "Tokenizing a request's prompts to predict its hits.",
+            buckets=STAGE_BUCKETS, registry=self.registry,
+        )  # fmt: skip
+        self.predict_seconds = Histogram(
+            f"{PREFIX}predict_seconds", "Bringing the replicas' views up to date and matching.",
+            buckets=STAGE_BUCKETS, registry=self.registry,
+        )  # fmt: skip
         every = (self.requests, self.retries, self.predicted, self.reported)
         for label in self.labels:  # each series from 0, so rates work from the first scrape
             for series in (*every, self.exact, self.wrong, self.unverified):

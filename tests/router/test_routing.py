@@ -39,6 +39,10 @@ def test_multi_turn_chats_hit_as_predicted_and_as_on_one_engine(cluster):
     assert router_total(router, "prediction_wrong_total") == 0
     assert router_total(router, "predicted_hit_tokens_total") == sum(routed)
     assert all(router_value(router, "requests_total", r) > 0 for r in replicas)
+    # What routing cost each of them is on the router's /metrics, stage by stage.
+    for stage in ("tokenize", "predict"):
+        assert router_total(router, f"{stage}_seconds_count") == 12, router_series(router)
+        assert router_total(router, f"{stage}_seconds_sum") > 0
     # One engine alone on the same chats (their own salts: no block of the routed run is shared).
     alone = conversations(replicas[1].url, router.model, "alone")
     assert sum(alone) > 0
