@@ -87,20 +87,47 @@ def prompts(quick: bool) -> tuple[list[list[int]], int, int]:
 
 
 QUANTIZED = ("int8", "int4", "gguf")
-"""Weights column values that name a quantization (activations float32) rather than a dtype."""
+"""Weights column values that name a quantization (activations float32) rather than a dtype;
+with `+bf16` (e.g. `int4+bf16`) the activations are bfloat16."""
+TTFT_TOKENS = 1000
+"""The long prompt of the time-to-first-token rows."""
+
+
+def long_prompt() -> list[int]:
+    """TTFT_TOKENS token ids of English text (the questions and answers' kind of prose)."""
+    from kvserve.default_model import default_model_path
+    from kvserve.model.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(default_model_path())
+    text = " ".join(f"{SYSTEM} {q}" for q in QUESTIONS)
+    ids: list[int] = []
+    while len(ids) < TTFT_TOKENS:
+        ids += tokenizer.encode(text, add_special_tokens=False)
+    return ids[:TTFT_TOKENS]
+
+
+def engine_kwargs(weights: str) -> dict:
+    """LLM(...) arguments for a weights column value: a dtype, or a quantization[+bf16]."""
+    quant, _, activations = weights.partition("+")
+    dtype = "bfloat16" if activations == "bf16" else "float32"
+    if quant in QUANTIZED:
+        return {"dtype": dtype, "quantization": quant}
+    return {"dtype": quant}
+
+
+TTFT = "first token"
+"""The mode of the time-to-first-token rows."""
 
 
 def worker(engine: str, mode: str, weights: str, threads: int, repeat: int, quick: bool) -> dict:
     """One configuration in this process: seconds per repeat of the whole workload."""
     requests, new_tokens, eos = prompts(quick)
+    if mode == TTFT:  # one long prompt, one token: the prefill
+        requests, new_tokens = [long_prompt()], 1
     if engine == "kvserve":
         from kvserve import LLM, SamplingParams
 
-        if weights in QUANTIZED:
-            kwargs = {"dtype": "float32", "quantization": weights}
-        else:
-            kwargs = {"dtype": weights}
-        llm = LLM(None, num_threads=threads, **kwargs)
+        llm = LLM(None, num_threads=threads, **engine_kwargs(weights))
         params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
 
         def run() -> None:
@@ -117,7 +144,7 @@ def worker(engine: str, mode: str, weights: str, threads: int, repeat: int, quic
         from kvserve.default_model import default_model_path
 
         model = Llama(
-            str(default_model_path()), n_ctx=1024, n_threads=threads, n_batch=512, verbose=False
+            str(default_model_path()), n_ctx=2048, n_threads=threads, n_batch=512, verbose=False
         )
 
         def run() -> None:
@@ -160,7 +187,16 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3, help="timed runs per configuration")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
-    parser.add_argument("--quantizations", nargs="*", default=[], choices=QUANTIZED)
+    parser.add_argument(
+        "--quantizations",
+        nargs="*",
+        default=[],
+        choices=[*QUANTIZED, *(f"{q}+bf16" for q in QUANTIZED)],
+        help="packed weights, float32 activations (`+bf16`: bfloat16 activations)",
+    )
+    parser.add_argument(
+        "--no-ttft", action="store_true", help=f"skip the {TTFT_TOKENS}-token first-token rows"
+    )
     parser.add_argument("--quick", action="store_true", help="4 requests x 16 tokens")
     parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -170,12 +206,13 @@ def main() -> int:
         return 0
     llama = have_llama_cpp()
     configs = []
+    modes = ["batched", "one at a time"] + ([] if args.no_ttft else [TTFT])
     for threads in args.threads:
-        if llama:
-            configs.append(("llama.cpp", "one at a time", "Q4_1", threads))
-        for weights in [*args.dtypes, *args.quantizations]:
-            configs.append(("kvserve", "batched", weights, threads))
-            configs.append(("kvserve", "one at a time", weights, threads))
+        for mode in modes:
+            if llama and mode != "batched":
+                configs.append(("llama.cpp", mode, "Q4_1", threads))
+            for weights in [*args.dtypes, *args.quantizations]:
+                configs.append(("kvserve", mode, weights, threads))
     n = 4 if args.quick else 16
     print(
         f"{datetime.date.today()}  {platform.machine()}, {os.cpu_count()} cores, "
@@ -188,12 +225,17 @@ def main() -> int:
             "llama.cpp rows skipped: install with `.venv/bin/pip install llama-cpp-python "
             "diskcache` (compiles for about ten minutes on two cores)"
         )
-    results = {c: run_worker(c, args.repeat, args.quick) for c in configs}
+    results = {}
+    for i, c in enumerate(configs, 1):
+        print(f"[{i}/{len(configs)}] {' '.join(map(str, c))}", file=sys.stderr, flush=True)
+        results[c] = run_worker(c, args.repeat, args.quick)
     print(
-        f"\n{'engine':<10} {'mode':<14} {'weights':<9} {'threads':>7} "
+        f"\n{'engine':<10} {'mode':<14} {'weights':<10} {'threads':>7} "
         f"{'tok/s min':>10} {'tok/s median':>13} {'vs llama.cpp':>13}"
     )
     for config, r in results.items():
+        if config[1] == TTFT:
+            continue
         rates = [r["tokens"] / s for s in r["seconds"]]
         median = statistics.median(rates)
         base = results.get(("llama.cpp", "one at a time", "Q4_1", config[3]))
@@ -203,10 +245,32 @@ def main() -> int:
             ratio = f"{median / base_median:.2f}x"
         engine, mode, dtype, threads = config
         print(
-            f"{engine:<10} {mode:<14} {dtype:<9} {threads:>7} {min(rates):>10.1f} "
+            f"{engine:<10} {mode:<14} {dtype:<10} {threads:>7} {min(rates):>10.1f} "
             f"{median:>13.1f} {ratio:>13}"
         )
+    if any(c[1] == TTFT for c in results):
+        print_ttft(results)
     return 0
+
+
+def print_ttft(results: dict) -> None:
+    """Time to first token of the long prompt (ms); the ratio to llama.cpp's (below 1: faster)."""
+    print(
+        f"\nTime to first token, one {TTFT_TOKENS}-token prompt (prefill and one token), ms:\n"
+        f"{'engine':<10} {'weights':<10} {'threads':>7} {'min':>8} {'median':>8} "
+        f"{'vs llama.cpp':>13}"
+    )
+    for config, r in results.items():
+        if config[1] != TTFT:
+            continue
+        median = statistics.median(r["seconds"]) * 1000
+        base = results.get(("llama.cpp", TTFT, "Q4_1", config[3]))
+        ratio = f"{median / (statistics.median(base['seconds']) * 1000):.2f}x" if base else ""
+        engine, _, weights, threads = config
+        print(
+            f"{engine:<10} {weights:<10} {threads:>7} {min(r['seconds']) * 1000:>8.0f} "
+            f"{median:>8.0f} {ratio:>13}"
+        )
 
 
 if __name__ == "__main__":
