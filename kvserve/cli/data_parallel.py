@@ -29,6 +29,7 @@ import httpx
 from kvserve.cli.engine_options import engine_argv
 from kvserve.engine.engine_args import EngineArgs
 from kvserve.events.config import KVEventsConfig
+from kvserve.model.threads import default_num_threads
 
 log = logging.getLogger("kvserve.serve")
 STOP_GRACE_SECONDS = 10.0
@@ -91,6 +92,8 @@ def run_data_parallel(
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per health check otherwise
     size = args.data_parallel_size
+    if engine_args.num_threads is None:  # the host's cores shared out, not each engine all
+        engine_args = dataclasses.replace(engine_args, num_threads=default_num_threads(size))
     events = rank_events(engine_args.kv_events_config, size)
     env = {**os.environ}
     if api_key:

@@ -69,7 +69,8 @@ class EngineArgs:
         metadata=_help("root of the hash chain; equal seeds give equal hashes on every machine"),
     )
     num_threads: int | None = field(
-        default=None, metadata=_help("CPU threads (default: $OMP_NUM_THREADS, else all cores)")
+        default=None,
+        metadata=_help("CPU threads (default: $OMP_NUM_THREADS, else one per physical core)"),
     )
     kv_events_config: Any = field(
         default=None,

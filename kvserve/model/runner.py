@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -42,6 +41,7 @@ from kvserve.model.loader import load_model
 from kvserve.model.logprobs import token_logprobs
 from kvserve.model.penalties import apply_penalties
 from kvserve.model.sampler import sample
+from kvserve.model.threads import default_num_threads
 from kvserve.model.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -114,11 +114,6 @@ def state_views(
     return conv_view, ssm_view
 
 
-def _env_threads() -> int | None:
-    value = os.environ.get("OMP_NUM_THREADS", "")
-    return int(value) if value.isdigit() and int(value) > 0 else None
-
-
 class ModelRunner:
     """Owns the model, its paged K/V tensors and the per-request random generators."""
 
@@ -135,12 +130,8 @@ class ModelRunner:
         num_threads: int | None = None,
         quantization: str = "none",
     ) -> None:
-        """`num_threads` (CPU only, process-wide): default $OMP_NUM_THREADS, else all cores.
-
-        Tiny models run faster on one thread: for them, and on a machine
-        shared with other busy processes, OpenMP's thread barriers cost more
-        than the matrix products they split.
-        """
+        """`num_threads` (CPU only, process-wide): default $OMP_NUM_THREADS, else one per
+        physical core this process may use (kvserve.model.threads says why)."""
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.model_dir = Path(model_dir)
@@ -151,7 +142,8 @@ class ModelRunner:
         if self.dtype == torch.float16 and self.device.type == "cpu":
             logger.warning(CPU_FLOAT16_WARNING)
         if self.device.type == "cpu":
-            torch.set_num_threads(num_threads or _env_threads() or os.cpu_count() or 1)
+            torch.set_num_threads(num_threads or default_num_threads())
+            logger.info("CPU: %d thread(s)", torch.get_num_threads())
         self.quantization = quantization
         """How the weights are stored (kvserve.model.quantize); part of the tiers' fingerprint."""
         self.model, self.config = load_model(self.model_dir, self.dtype, self.device, quantization)

@@ -9,6 +9,7 @@ import sys
 
 import httpx
 
+from kvserve.model.threads import default_num_threads
 from tests.router._workload import conversations
 from tests.router.conftest import (
     BLOCKS,
@@ -55,6 +56,8 @@ def test_two_ranks_behind_one_port_predict_exactly_and_stop_with_exit_0(demo):
         log = stop_all(srv)[0]
     assert "Traceback" not in log
     assert log.count("Serving ") == 2
+    # Not told how many threads, each rank gets its share of the cores (at least one).
+    assert log.count(f"CPU: {default_num_threads(2)} thread(s)") == 2, log
 
 
 def test_event_ports_that_would_meet_across_ranks_are_refused_with_one_line(demo):

@@ -1,0 +1,77 @@
+"""How many CPU threads an engine uses when it is not told, and why.
+
+The rule: `$OMP_NUM_THREADS` when set; else one thread per physical core
+this process may run on: its CPU affinity (a `taskset` or a container's
+cpuset), at most its cgroup's CPU quota (`docker --cpus`), hyperthread
+siblings counted once (a second thread on a core shares its vector units:
+matrix kernels gain nothing from it, and the barriers between threads cost).
+Several engines on one host (`serve --data-parallel-size N`) split those
+cores evenly, at least one thread each.
+
+Why all the cores and not one: measured with benchmarks/cpu_real.py on the
+default model (2 cores, benchmarks/README.md), every mode decodes as fast or
+faster with both cores, batched and one request at a time, since the decode
+step stopped paying a barrier per small op (kvserve/model/fusion.py).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+SYSFS_CPUS = Path("/sys/devices/system/cpu")
+CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
+
+
+def env_threads() -> int | None:
+    """$OMP_NUM_THREADS when it is a positive integer."""
+    value = os.environ.get("OMP_NUM_THREADS", "").strip()
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
+def usable_cpus() -> list[int]:
+    """The logical CPUs this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
+def physical_cores(cpus: list[int], sysfs: Path = SYSFS_CPUS) -> int:
+    """How many cores `cpus` span: hyperthread siblings count once (each CPU's
+    `topology/thread_siblings_list`; a CPU without one counts as its own core)."""
+    cores: set[str] = set()
+    for cpu in cpus:
+        try:
+            siblings = (sysfs / f"cpu{cpu}" / "topology" / "thread_siblings_list").read_text()
+        except OSError:
+            siblings = f"own {cpu}"
+        cores.add(siblings.strip())
+    return max(len(cores), 1)
+
+
+def cgroup_cpu_limit(path: Path = CGROUP_CPU_MAX) -> float | None:
+    """CPUs' worth of time the cgroup may use (cgroup v2 `cpu.max`: "QUOTA PERIOD"), or None."""
+    try:
+        quota, period = path.read_text().split()[:2]
+    except (OSError, ValueError):
+        return None
+    if quota == "max":
+        return None
+    try:
+        return int(quota) / int(period)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def default_num_threads(
+    share: int = 1, sysfs: Path = SYSFS_CPUS, cpu_max: Path = CGROUP_CPU_MAX
+) -> int:
+    """Threads for one of `share` engines on this host (the rule in the module's docstring)."""
+    if (env := env_threads()) is not None:
+        return env
+    cores = physical_cores(usable_cpus(), sysfs)
+    limit = cgroup_cpu_limit(cpu_max)
+    if limit is not None:
+        cores = min(cores, max(math.ceil(limit), 1))
+    return max(cores // max(share, 1), 1)
