@@ -2,7 +2,8 @@
 
 Filters (temperature, top-k, top-p, min-p) run batched; the random draw runs
 per row with that request's own generator, so a seeded request gets the same
-tokens whatever else shares its batch.
+tokens whatever else shares its batch. Nothing waits for the device until the
+end: the step's tokens come to the host in one copy, not one per row.
 """
 
 from __future__ import annotations
@@ -27,18 +28,18 @@ def sample(
         for row, ids in enumerate(banned):
             if ids:
                 logits[row, list(ids)] = float("-inf")
-    tokens = logits.argmax(dim=-1).tolist()
+    tokens = logits.argmax(dim=-1)
     rows = [i for i, p in enumerate(params) if p is not None and p.temperature > 0]
-    if not rows:
-        return tokens
-    chosen = [params[i] for i in rows]
-    probs = filtered_probs(logits[rows], chosen)
-    for row, p in zip(rows, probs, strict=True):
-        # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p exactly,
-        # one generator call per row, no cumulative-sum search.
-        noise = torch.empty_like(p).exponential_(generator=generators[row])
-        tokens[row] = int((p / noise).argmax())
-    return tokens
+    if rows:
+        probs = filtered_probs(logits[rows], [params[i] for i in rows])
+        # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p exactly, one
+        # generator call per row (each request's own stream), no cumulative-sum search.
+        noise = torch.empty_like(probs)
+        for i, row in enumerate(rows):
+            noise[i].exponential_(generator=generators[row])
+        picked = (probs / noise).argmax(dim=-1)
+        tokens[torch.tensor(rows, device=tokens.device)] = picked
+    return tokens.tolist()  # the step's one device-to-host copy
 
 
 def filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:

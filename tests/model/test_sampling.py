@@ -201,3 +201,19 @@ def test_min_tokens_holds_back_eos_and_stop_tokens(checkpoints, runners):
         assert runner.execute([chunk(num_generated=1)]).tokens != [first]
     finally:
         runner.eos_token_ids = saved
+
+
+def test_a_mixed_batch_reads_no_scalar_from_the_device_row_by_row():
+    """Greedy and random rows come back in one copy at the end (no `.item()` per row: on a
+    GPU each would wait for the device)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    logits = torch.randn(6, 500, generator=torch.Generator().manual_seed(3))
+    params = [None, *(SamplingParams(temperature=0.7, seed=s) for s in range(4)), None]
+    generators = [None, *(torch.Generator().manual_seed(s) for s in range(4)), None]
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        tokens = sample(logits, params, generators)
+    assert len(tokens) == 6 and all(isinstance(t, int) for t in tokens)
+    scalar_reads = [e.key for e in prof.key_averages() if e.key in ("aten::item",
+                    "aten::_local_scalar_dense")]  # fmt: skip
+    assert scalar_reads == []
