@@ -143,7 +143,6 @@ class ModelRunner:
             logger.warning(CPU_FLOAT16_WARNING)
         if self.device.type == "cpu":
             torch.set_num_threads(num_threads or default_num_threads())
-            logger.info("CPU: %d thread(s)", torch.get_num_threads())
         self.quantization = quantization
         """How the weights are stored (kvserve.model.quantize); part of the tiers' fingerprint."""
         self.model, self.config = load_model(self.model_dir, self.dtype, self.device, quantization)
@@ -181,6 +180,8 @@ class ModelRunner:
             str(self.dtype).removeprefix("torch."),
             len(self.kv_cache_specs),
         )
+        if self.device.type == "cpu":  # said once the model loaded: a load error stays one line
+            logger.info("CPU: %d thread(s)", torch.get_num_threads())
         # Every group's block ids index the same tensors: one (K, V) pair per
         # position inside a group; layer l uses the pair at its slot.
         self.kv_tensors = allocate_kv_caches(
