@@ -65,14 +65,11 @@ class Stage:
     total: float = 0.0
     buckets: dict[float, float] = field(default_factory=dict)
 
-    def minus(self, other: Stage) -> Stage:
-        left = {le: n - other.buckets.get(le, 0.0) for le, n in self.buckets.items()}
-        return Stage(self.count - other.count, self.total - other.total, left)
-
-    def plus(self, other: Stage) -> Stage:
+    def plus(self, other: Stage, sign: float = 1.0) -> Stage:
+        """This stage with `other` added (sign -1: taken away, a delta between scrapes)."""
         keys = self.buckets.keys() | other.buckets.keys()
-        both = {le: self.buckets.get(le, 0.0) + other.buckets.get(le, 0.0) for le in keys}
-        return Stage(self.count + other.count, self.total + other.total, both)
+        both = {k: self.buckets.get(k, 0.0) + sign * other.buckets.get(k, 0.0) for k in keys}
+        return Stage(self.count + sign * other.count, self.total + sign * other.total, both)
 
     def mean_ms(self) -> float | None:
         return 1000 * self.total / self.count if self.count else None
@@ -207,7 +204,7 @@ def run_target(
         for p in replicas:
             p.stop()
     deltas = [{k: a[k] - b[k] for k in a} for a, b in zip(after, before, strict=True)]
-    spent = {name: stages[name].minus(stages_before[name]) for name in stages}
+    spent = {name: stages[name].plus(stages_before[name], -1) for name in stages}
     return TargetRun(run, deltas, ignored_fields(replicas), spent)
 
 
