@@ -154,23 +154,24 @@ class BlockPool:
         step ends; each is chained to the one before it (the first to
         `parent_cache_id`). `token_ids` covers the run; the first block's extra
         keys are `first_extra`, the others' `extra`. Returns the last cache id."""
-        index = self.index[group]
         width = len(token_ids) // len(blocks)
         parent = parent_cache_id
-        cache_id = self._next_cache_id
+        first = self._next_cache_id
         offset = 0
-        for block, block_hash in zip(blocks, hashes, strict=True):
+        for block, block_hash, cache_id in zip(
+            blocks, hashes, range(first, first + len(blocks)), strict=True
+        ):
             block.block_hash = block_hash
             block.group = group
             block.token_ids = token_ids[offset : offset + width]
             block.extra = extra
             block.parent_cache_id = parent
             block.cache_id = parent = cache_id
-            index[block_hash] = block  # computed stays False: uncached blocks never are
-            cache_id += 1
             offset += width
+        # computed stays False until end_step; the loop checked the lengths
+        self.index[group].update(zip(hashes, blocks, strict=False))
         blocks[0].extra = first_extra
-        self._next_cache_id = cache_id
+        self._next_cache_id = first + len(blocks)
         self.pending.extend(blocks)
         return parent
 

@@ -12,6 +12,7 @@ import struct
 import sys
 from array import array
 from collections.abc import Callable
+from typing import Any
 
 import xxhash
 
@@ -19,6 +20,13 @@ HASH_FUNCTIONS: dict[str, Callable[[bytes], bytes]] = {
     "sha256": lambda data: hashlib.sha256(data).digest(),
     "xxh3_128": xxhash.xxh3_128_digest,
 }
+
+_HASH_OBJECTS: dict[str, Callable[[bytes], Any]] = {
+    "sha256": hashlib.sha256,
+    "xxh3_128": xxhash.xxh3_128,
+}
+"""The same functions as hash objects (`.digest()`): `extend`'s loop calls them without a
+Python-level wrapper, a tenth of a block's hashing cost on long prompts."""
 
 DEFAULT_HASH = "sha256"
 DEFAULT_SEED = 0
@@ -47,7 +55,7 @@ class BlockHasher:
     (tests inject weak ones to provoke collisions).
     """
 
-    __slots__ = ("_digest", "_pack", "block_size", "hash_name", "root", "seed")
+    __slots__ = ("_digest", "_new", "_pack", "block_size", "hash_name", "root", "seed")
 
     def __init__(
         self,
@@ -64,7 +72,9 @@ class BlockHasher:
                 )
             self.hash_name = hash_fn
             self._digest = HASH_FUNCTIONS[hash_fn]
+            self._new = _HASH_OBJECTS[hash_fn]
         else:
+            self._new = None
             self.hash_name = getattr(hash_fn, "__name__", "custom")
             self._digest = hash_fn
         self.block_size = block_size
@@ -104,6 +114,13 @@ class BlockHasher:
             hashes.append(parent)
             n, offset = 1, width
         append = hashes.append
+        new = self._new
+        if new is not None and not other_extra:  # the common case: no LoRA
+            for _ in range(n, end):
+                parent = new(parent + data[offset : offset + width]).digest()
+                offset += width
+                append(parent)
+            return
         for _ in range(n, end):
             parent = digest(parent + data[offset : offset + width] + other_extra)
             offset += width
