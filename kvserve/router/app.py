@@ -121,20 +121,25 @@ async def _predict(state: RouterState, chat: bool, raw: bytes) -> Prediction:
         return Prediction()
     loop = asyncio.get_running_loop()
     started = time.perf_counter()
+    sync = asyncio.wrap_future(state.follower.sync())  # its round trip overlaps tokenizing
     try:
         prompts = await loop.run_in_executor(
             state.tokenizer_thread, prompt_token_ids, state.tokenizer, chat, body
         )
     except Exception as exc:  # a template that fails: the replica will say why
         log.debug("no prediction: %s", exc)
-        return Prediction()
-    if prompts is None:
-        return Prediction()
+        prompts = None
     tokenized = time.perf_counter()
+    if prompts is None:
+        sync.cancel()
+        return Prediction()
     state.metrics.tokenize_seconds.observe(tokenized - started)
-    future = state.follower.predict(prompts, extra_keys(body))
     try:
-        hits = await asyncio.wait_for(asyncio.wrap_future(future), PREDICT_TIMEOUT_SECONDS)
+        synced = await asyncio.wait_for(sync, PREDICT_TIMEOUT_SECONDS)
+        hits = await asyncio.wait_for(
+            asyncio.wrap_future(state.follower.predict(prompts, extra_keys(body), synced)),
+            PREDICT_TIMEOUT_SECONDS,
+        )
     except TimeoutError:
         log.warning("no prediction: the event follower did not answer in time")
         hits = {}

@@ -12,9 +12,11 @@ one, whose last step's events may still be on their way. So before it
 answers the predictions waiting, the thread asks each replica for its last
 sequence number (`kv-last-seq` on the replay socket) and applies the stream
 up to it: the replicas are all asked at once, so this costs about one
-round trip, shared by every request that arrived meanwhile. A replica whose
-last sequence number went back has restarted: its view is rebuilt from a
-snapshot.
+round trip, shared by every request that arrived meanwhile. The router asks
+for that round (`sync`) as a request arrives and tokenizes it meanwhile, so
+the round trip and the tokenizer overlap; the match that follows (`predict`
+with the round's replicas) waits for nothing. A replica whose last sequence
+number went back has restarted: its view is rebuilt from a snapshot.
 """
 
 from __future__ import annotations
@@ -93,12 +95,24 @@ class EventFollower:
         """Stop following a replica (it is down): its view is dropped."""
         self._put("detach", replica)
 
+    def sync(self) -> concurrent.futures.Future[frozenset[int]]:
+        """Bring every view up to date with what its replica published until now; the
+        replicas whose view is (the others were slow or down)."""
+        future: concurrent.futures.Future[frozenset[int]] = concurrent.futures.Future()
+        self._put("sync", future)
+        return future
+
     def predict(
-        self, prompts: list[list[int]], extra_keys: dict[str, str | None]
+        self,
+        prompts: list[list[int]],
+        extra_keys: dict[str, str | None],
+        synced: frozenset[int] | None = None,
     ) -> concurrent.futures.Future[Hits]:
-        """Each followed replica's hit for these prompts (summed), its view brought up to date."""
+        """Each up-to-date replica's hit for these prompts (summed). `synced`: the
+        replicas a `sync` asked since the request arrived brought up to date; None:
+        a sync round first."""
         future: concurrent.futures.Future[Hits] = concurrent.futures.Future()
-        self._put("predict", (prompts, extra_keys, future))
+        self._put("predict", (prompts, extra_keys, synced, future))
         return future
 
     def stats(self, replica: int) -> tuple[bool, int, int]:
@@ -128,9 +142,10 @@ class EventFollower:
                 if self._wake_r in ready:
                     with contextlib.suppress(BlockingIOError):
                         os.read(self._wake_r, 4096)
-                predictions = self._commands_now(poller)
-                if predictions is None:
+                work = self._commands_now(poller)
+                if work is None:
                     return
+                syncs, predictions = work
                 self._retry_waiting(poller)
                 for replica, sub in list(self._subs.items()):
                     if sub.socket in ready:
@@ -138,23 +153,32 @@ class EventFollower:
                             sub.poll()
                         except Exception as exc:
                             self._lost(replica, poller, exc)
+                fresh: frozenset[int] | None = None
+                if syncs or any(p[2] is None for p in predictions):
+                    fresh = self._sync_all(poller)
+                    for future in syncs:
+                        _settle(future, fresh)
                 if predictions:
-                    self._answer(predictions, poller)
+                    self._answer(predictions, fresh)
         finally:
             for replica in list(self._subs):
                 self._drop(replica, poller)
 
-    def _commands_now(self, poller: zmq.Poller) -> list[tuple[Any, ...]] | None:
-        """Apply the attaches and detaches queued, in order; the predictions asked (None: stop)."""
-        predictions = []
+    def _commands_now(self, poller: zmq.Poller) -> tuple[list[Any], list[tuple[Any, ...]]] | None:
+        """Apply the attaches and detaches queued, in order; the syncs and predictions
+        asked (None: stop)."""
+        syncs: list[Any] = []
+        predictions: list[tuple[Any, ...]] = []
         while True:
             try:
                 kind, payload = self._commands.get_nowait()
             except queue.Empty:
-                return predictions
+                return syncs, predictions
             if kind == "stop":
                 return None
-            if kind == "predict":
+            if kind == "sync":
+                syncs.append(payload)
+            elif kind == "predict":
                 predictions.append(payload)
             elif kind == "attach":
                 replica, source = payload
@@ -215,11 +239,13 @@ class EventFollower:
         if last > (-1 if sub.last_seq is None else sub.last_seq):
             sub.wait_for(last, self.timeout)
 
-    def _answer(self, predictions: list[tuple[Any, ...]], poller: zmq.Poller) -> None:
-        fresh: list[Hashable] = []
+    def _sync_all(self, poller: zmq.Poller) -> frozenset[int]:
+        """One round: every replica asked its last sequence number before any answer is
+        read (the round trips overlap), then each view applied up to it."""
+        fresh: list[int] = []
         asked: list[tuple[int, KVEventSubscriber]] = []
-        for replica, sub in list(self._subs.items()):  # every replica asked before any answer
-            try:  # is read: the round trips overlap
+        for replica, sub in list(self._subs.items()):
+            try:
                 sub.ask_last_seq()
             except Exception as exc:
                 self._lost(replica, poller, exc)
@@ -234,14 +260,29 @@ class EventFollower:
                 self._lost(replica, poller, exc)
             else:
                 fresh.append(replica)
-        for prompts, extra_keys, future in predictions:
-            hits = dict.fromkeys(fresh, 0)
+        return frozenset(fresh)
+
+    def _answer(self, predictions: list[tuple[Any, ...]], fresh: frozenset[int] | None) -> None:
+        """Match each prompt against the views that are up to date (and still followed)."""
+        for prompts, extra_keys, synced, future in predictions:
+            replicas = fresh if synced is None else synced
+            hits: dict[Hashable, int] = {r: 0 for r in replicas or () if r in self._subs}
             try:
                 for tokens in prompts:
                     for replica, n in self.index.match(tokens, extra_keys).items():
                         if replica in hits:
                             hits[replica] += n
             except Exception as exc:
-                future.set_exception(exc)
+                _settle(future, exc)
             else:
-                future.set_result(hits)
+                _settle(future, hits)
+
+
+def _settle(future: concurrent.futures.Future[Any], outcome: Any) -> None:
+    """Answer a caller that is still waiting (one that timed out cancelled its future)."""
+    if not future.set_running_or_notify_cancel():
+        return
+    if isinstance(outcome, Exception):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)

@@ -9,7 +9,8 @@ error) or had no prediction (a replica whose events are not followed).
 Loads, health and the size of each replica's view are read at scrape time.
 What routing itself costs a request before it is sent: `tokenize_seconds`
 (the prompt through the chat template and tokenizer) and `predict_seconds`
-(every followed view brought up to date, then matched).
+(after tokenizing: what is left of bringing every followed view up to date,
+a round trip started as the request arrived, then the match).
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ class RouterMetrics:
             buckets=STAGE_BUCKETS, registry=self.registry,
         )  # fmt: skip
         self.predict_seconds = Histogram(
-            f"{PREFIX}predict_seconds", "Bringing the replicas' views up to date and matching.",
+            f"{PREFIX}predict_seconds", "After tokenizing: views up to date, then matched.",
             buckets=STAGE_BUCKETS, registry=self.registry,
         )  # fmt: skip
         every = (self.requests, self.retries, self.predicted, self.reported)
