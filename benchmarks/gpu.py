@@ -16,34 +16,27 @@ safetensors under `$XDG_CACHE_HOME/kvserve/` (or `--model-dir`), so both
 engines load the same file. `--layers` / `--hidden` shrink it for a smoke run
 (the MLP stays 3x hidden; the heads keep their shape).
 
-Each engine runs in a fresh worker process (so the first run really is the
-first in a process, and the GPU memory one engine holds is gone before the
-other starts), loads the model (not timed), then runs the whole workload
-twice: the *first run* (kernel selection, allocator growth and every other
-first-call cost included) and the *warm run*.
+Each engine runs in a fresh worker process (its first run is the first in a
+process; one engine's GPU memory is gone before the other starts), loads the
+model (not timed) and runs the whole workload twice: the *first run* (kernel
+selection, allocator growth, every first-call cost) and the *warm run*.
 
 - kvserve: `LLM.generate` on the whole list (continuous batching, chunked
-  prefill, prefix caching on; the cache is reset before the warm run, so
-  the repeated prompts do not hit), `ignore_eos=True, max_tokens=n`. Engine
-  options beyond device and dtype are kvserve's defaults unless given with
-  `--engine-arg` (e.g. `--engine-arg num_kv_blocks=4096`). Steps and step
-  time are the engine's own counters (`LLM.stats()`: `steps`,
-  `prefill_step_seconds + decode_step_seconds`).
-- transformers: `generate` in static batches of `--batch` (default 64) in
-  workload order, left-padded, greedy, default cache, SDPA attention. One
-  call has one length, so each batch runs to its longest requested output
-  (`min_new_tokens = max_new_tokens`) and only the requested tokens are
-  counted: the rest is padding work, as for a user who batches a plain list.
-  All 256 requests in one batch would hold every sequence's cache at the
-  longest length at once; batches of 64 are what fits comfortably and is
-  the usual way to run `generate` over a list. Its steps are its forward
-  calls (one per generated position per batch).
+  prefill, prefix caching; the cache is reset before each run),
+  `ignore_eos=True`; engine options are kvserve's defaults plus any
+  `--engine-arg` (e.g. `num_kv_blocks=4096`). Steps and step time are the
+  engine's counters (`LLM.stats()`: `steps`, prefill + decode step seconds).
+- transformers: `generate` in static batches of `--batch` (64) in workload
+  order, left-padded, greedy, SDPA. One call has one length, so a batch runs
+  to its longest requested output (`min_new_tokens = max_new_tokens`) and
+  only the requested tokens count. One batch of 256 would hold every cache
+  at the longest length at once; 64 is the usual way to run `generate` over
+  a list. Its steps are its forward calls.
 
-Bound: a decode step reads every weight once, so no step can take less than
-weight bytes / memory bandwidth. `--bandwidth-gbs` is the GPU's bandwidth
-(default 3350 GB/s, the H100 SXM's datasheet figure: give your GPU's); the
-*fraction of the bound* is that minimum over the measured mean step time of
-the warm run (prefill steps included, so it understates decode alone).
+Bound: a decode step reads every weight once, so no step takes less than
+weight bytes / memory bandwidth (`--bandwidth-gbs`, default 3350 GB/s: the
+H100 SXM's datasheet figure). The fraction is that minimum over the warm
+run's mean step time (prefill steps included).
 """
 
 from __future__ import annotations
@@ -63,6 +56,11 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import torch
+import transformers
+
+from kvserve.cli.common import positive
 
 QWEN3_06B = dict(
     vocab_size=151936,
@@ -97,9 +95,6 @@ def model_config(layers: int | None, hidden: int | None) -> dict:
 
 def ensure_checkpoint(model_dir: str | None, config: dict) -> str:
     """The random checkpoint for this shape, built (atomically) on first use."""
-    import torch
-    import transformers
-
     from kvserve.model.demo import default_cache_root
 
     name = f"bench-qwen3-0.6b-shape-{config['num_hidden_layers']}x{config['hidden_size']}-v1"
@@ -161,15 +156,7 @@ def weight_bytes(model) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def threads() -> int:
-    import torch
-
-    return torch.get_num_threads()
-
-
 def sync(device: str) -> None:
-    import torch
-
     if device.startswith("cuda"):
         torch.cuda.synchronize()
 
@@ -202,14 +189,11 @@ def kvserve_worker(args: argparse.Namespace, model_dir: str, items: list) -> dic
         "runs": runs,
         "weight_bytes": weight_bytes(llm.engine.runner.model),
         "num_kv_blocks": llm.stats()["num_kv_blocks"],
-        "threads": threads(),
+        "threads": torch.get_num_threads(),
     }
 
 
 def transformers_worker(args: argparse.Namespace, model_dir: str, items: list) -> dict:
-    import torch
-    import transformers
-
     t0 = time.perf_counter()
     dtype = getattr(torch, args.dtype)
     model = transformers.AutoModelForCausalLM.from_pretrained(
@@ -220,7 +204,7 @@ def transformers_worker(args: argparse.Namespace, model_dir: str, items: list) -
     pad = model.config.pad_token_id
     runs = []
     for _ in range(2):
-        counted = forwards = 0
+        forwards = 0
         t0 = time.perf_counter()
         for start in range(0, len(items), args.batch):
             batch = items[start : start + args.batch]
@@ -243,17 +227,11 @@ def transformers_worker(args: argparse.Namespace, model_dir: str, items: list) -
             sync(args.device)
             if out.shape[1] != width + new:
                 raise RuntimeError("transformers did not generate the requested lengths")
-            counted += sum(n for _, n in batch)
             forwards += new
         seconds = time.perf_counter() - t0
         runs.append({"seconds": seconds, "step_seconds": seconds, "steps": forwards})
-        runs[-1]["generated_tokens"] = counted
-    return {
-        "load_s": load_s,
-        "runs": runs,
-        "weight_bytes": weight_bytes(model),
-        "threads": threads(),
-    }
+    threads = torch.get_num_threads()
+    return {"load_s": load_s, "runs": runs, "weight_bytes": weight_bytes(model), "threads": threads}
 
 
 WORKERS = {"kvserve": kvserve_worker, "transformers": transformers_worker}
@@ -272,9 +250,6 @@ def run_worker(engine: str, argv: list[str]) -> dict:
 
 
 def machine(device: str, results: dict) -> str:
-    import torch
-    import transformers
-
     if device.startswith("cuda"):
         where = f"GPU {torch.cuda.get_device_name(torch.device(device))}"
     else:
@@ -351,13 +326,6 @@ def report(args: argparse.Namespace, config: dict, items: list, results: dict) -
         )
 
 
-def positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--num-seqs", type=positive, default=256)
@@ -397,11 +365,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     unknown = sorted(set(extra) - set(EngineArgs.__dataclass_fields__))
     if unknown:  # e.g. attention_backend, on a kvserve that does not have it yet
         ap.error(f"--engine-arg: EngineArgs has no {', '.join(unknown)}")
-    if args.device.startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            ap.error("--device cuda, but torch sees no CUDA GPU (use --device cpu to smoke-test)")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        ap.error("--device cuda, but torch sees no CUDA GPU (use --device cpu to smoke-test)")
     return args
 
 
