@@ -63,13 +63,13 @@ def paged_attention(
     before the mask and the softmax, as Gemma does. FlexMetadata (the "flex"
     attention backend) sends the step to kvserve.model.flex_attention instead.
     """
-    if not isinstance(meta, AttentionMetadata):
-        from kvserve.model.flex_attention import flex_paged_attention
-
-        return flex_paged_attention(q, k, v, k_cache, v_cache, meta, scale, softcap)
     k_flat = k_cache.flatten(0, 1)
     v_flat = v_cache.flatten(0, 1)
     write_kv(k, v, k_flat, v_flat, meta)
+    if not isinstance(meta, AttentionMetadata):
+        from kvserve.model.flex_attention import flex_attention_read
+
+        return flex_attention_read(q, k_flat, v_flat, meta, scale, softcap)
     if meta.whole_batch is not None:  # a lone decoding request, or decodes in batch order
         return _decode_attention(q, k_flat, v_flat, meta.whole_batch, scale, softcap).flatten(1)
     out = torch.empty_like(q)

@@ -1,8 +1,8 @@
 """Paged attention of a whole step in one compiled FlexAttention call (attention_backend
 "flex"), for a GPU; the plain path (kvserve.model.attention) stays the CPU's default.
 
-Per layer: the batch's new K/V are written into the paged cache first (design.md
-invariant 8), then every sequence's context is gathered from it through the step's
+Per layer, once paged_attention has written the batch's new K/V into the paged cache
+(design.md invariant 8), every sequence's context is gathered from it through the step's
 packed key slots (kvserve.model.flex_metadata) and all queries (prefills, chunked
 prefills, decodes together) attend in one kernel, the BlockMask skipping the tiles
 no query of theirs reaches. Grouped-query attention through enable_gqa (kv heads
@@ -22,7 +22,6 @@ from functools import cache
 import torch
 from torch.nn.attention.flex_attention import flex_attention
 
-from kvserve.model.attention import write_kv
 from kvserve.model.flex_metadata import FlexMetadata
 
 RECOMPILE_LIMIT = 64
@@ -38,22 +37,18 @@ def compiled_flex_attention() -> Callable[..., torch.Tensor]:
     return torch.compile(flex_attention, dynamic=False)
 
 
-def flex_paged_attention(
+def flex_attention_read(
     q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+    k_flat: torch.Tensor,
+    v_flat: torch.Tensor,
     meta: FlexMetadata,
     scale: float,
     softcap: float | None = None,
 ) -> torch.Tensor:
-    """paged_attention's contract: queries [T, heads, head_dim] over their paged contexts,
-    returns [T, heads * head_dim]; `softcap` caps the scaled scores (softcap *
-    tanh(score / softcap)) before the softmax."""
-    k_flat = k_cache.flatten(0, 1)
-    v_flat = v_cache.flatten(0, 1)
-    write_kv(k, v, k_flat, v_flat, meta)
+    """The read half of paged_attention (which has written the step's K/V): queries
+    [T, heads, head_dim] over their contexts in the flat caches ([slots, kv_heads,
+    head_dim]), returns [T, heads * head_dim]; `softcap` caps the scaled scores
+    (softcap * tanh(score / softcap)) before the softmax."""
     num, heads, dim = q.shape
     padded = meta.block_mask.seq_lengths[0]
     query = q.new_zeros(padded, heads, dim)
