@@ -24,8 +24,10 @@ from torch.nn.attention.flex_attention import flex_attention
 
 from kvserve.model.flex_metadata import FlexMetadata
 
-RECOMPILE_LIMIT = 64
-"""Compiled shapes kept per call site: buckets of queries x keys, per head layout."""
+RECOMPILE_LIMIT = 128
+"""Compiled variants kept: one per (query bucket, key bucket, head layout, dtype, soft-cap
+or not) met. Token buckets 128..8192 and key buckets 128..2**19 could meet 91 pairs;
+a step's two counts grow together, so far fewer do."""
 
 
 @cache

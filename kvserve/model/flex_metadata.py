@@ -42,11 +42,10 @@ class FlexMetadata:
     """Flat cache slots of the tokens that are written."""
     write_index: torch.Tensor | None
     """Which batch tokens are written; None when all of them are."""
-    num_tokens: int
-    """Real query tokens (the rest of the bucket is padding)."""
     kv_slots: torch.Tensor
     """[bucketed keys] flat cache slots of the packed contexts (padding: slot 0)."""
     block_mask: BlockMask
+    """Over the bucketed queries x keys; its seq_lengths give both padded sizes."""
     window: int | None = None
     """Sliding window of the group's layers (None: full attention)."""
 
@@ -84,30 +83,23 @@ class FlexMetadata:
         kv_seq = seqs.repeat_interleave(kv_lens)
         kv_pos = lo[kv_seq] + _offsets(kv_lens)
         kv_slots = tables[kv_seq, kv_pos // block_size] * block_size + kv_pos % block_size
-        num_q, num_kv = len(q_seq), len(kv_seq)
-        q_pad, kv_pad = bucket(num_q), bucket(num_kv)
+        q_pad, kv_pad = bucket(len(q_seq)), bucket(len(kv_seq))
         kv_end = kv_lens.cumsum(0)
         counts, indices = _tile_ranges(q_seq, kv_end - kv_lens, kv_end, q_pad, kv_pad)
-        moved = [
-            t.to(device)
-            for t in (
-                _padded(q_seq, q_pad, -2),
-                _padded(q_pos, q_pad, 0),
-                _padded(kv_seq, kv_pad, -1),
-                _padded(kv_pos, kv_pad, 0),
-                torch.tensor(NO_WINDOW if window is None else window),
-                counts,
-                indices,
-                _padded(kv_slots, kv_pad, 0),
-                write_slots,
-            )
-        ]
+        mask = _block_mask(
+            _padded(q_seq, q_pad, -2).to(device),
+            _padded(q_pos, q_pad, 0).to(device),
+            _padded(kv_seq, kv_pad, -1).to(device),
+            _padded(kv_pos, kv_pad, 0).to(device),
+            torch.tensor(NO_WINDOW if window is None else window, device=device),
+            counts.to(device),
+            indices.to(device),
+        )
         return cls(
-            moved[8],
+            write_slots.to(device),
             None if write_index is None else write_index.to(device),
-            num_q,
-            moved[7],
-            _block_mask(*moved[:7]),
+            _padded(kv_slots, kv_pad, 0).to(device),
+            mask,
             window,
         )
 
