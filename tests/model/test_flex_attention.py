@@ -96,6 +96,22 @@ def test_chunk_and_tile_boundaries(window):
     torch.testing.assert_close(flex, plain, rtol=1e-5, atol=1e-5)
 
 
+def test_the_block_mask_visits_every_needed_tile_and_skips_others():
+    """Each query tile visits the key tiles from its first sequence's first key to its last
+    sequence's last key: every tile where mask_mod allows a pair, not the whole grid."""
+    spans = random_step(7, prefill=70, chunk=(32, 21), decodes=[16, 17, 20])
+    meta = FlexMetadata.build(spans, BS, CPU)
+    mask = meta.block_mask
+    q_len, kv_len = mask.seq_lengths
+    allowed = mask.mask_mod(0, 0, torch.arange(q_len)[:, None], torch.arange(kv_len)[None, :])
+    needed = allowed.view(q_len // 128, 128, kv_len // 128, 128).any(3).any(1)
+    visited = torch.zeros_like(needed)
+    for tile, count in enumerate(mask.kv_num_blocks[0, 0].tolist()):
+        visited[tile, mask.kv_indices[0, 0, tile, :count].long()] = True
+    assert not (needed & ~visited).any()
+    assert 0 < int(visited.sum()) < visited.numel()
+
+
 def test_decodes_only_and_buckets():
     spans = random_step(3, prefill=2, chunk=(40, 2), decodes=[17, 18, 19, 30, 33])
     spans = [s for s in spans if s[1] == 1]
