@@ -24,7 +24,11 @@ import torch
 from torch.nn.attention.flex_attention import BlockMask
 
 BLOCK = 128
-"""Query and key tile of the BlockMask (FlexAttention's default), and the smallest bucket."""
+"""Key tile of the BlockMask (FlexAttention's default), and the smallest bucket."""
+Q_TILE = 128
+"""Query tile of the BlockMask: a tile visits the keys of every sequence it holds, so a
+tile of 128 decodes (from 128 sequences) computes 128 scores per useful one. It must
+divide BLOCK; a smaller one on a GPU is still to be measured."""
 NO_WINDOW = 1 << 30
 """The window of a full-attention group: larger than any context."""
 
@@ -144,9 +148,9 @@ def _tile_ranges(
     last sequence's last key (contiguous, as both sides are packed in batch order).
     Returns kv_num_blocks [1, 1, q_tiles] and kv_indices [1, 1, q_tiles, kv_tiles]."""
     num_q = len(q_seq)
-    first_row = torch.arange(0, q_pad, BLOCK)
+    first_row = torch.arange(0, q_pad, Q_TILE)
     real = first_row < num_q
-    last_row = (first_row + BLOCK).clamp(max=num_q) - 1
+    last_row = (first_row + Q_TILE).clamp(max=num_q) - 1
     first_seq = q_seq[first_row.clamp(max=num_q - 1)]
     last_seq = q_seq[last_row.clamp(min=0)]
     lo = kv_start[first_seq] // BLOCK
@@ -176,7 +180,7 @@ def _block_mask(
     return BlockMask.from_kv_blocks(
         counts,
         indices,
-        BLOCK_SIZE=BLOCK,
+        BLOCK_SIZE=(Q_TILE, BLOCK),
         mask_mod=mask_mod,
         seq_lengths=(len(q_seq), len(kv_seq)),
         compute_q_blocks=False,

@@ -22,7 +22,7 @@ from kvserve import LLM, SamplingParams
 from kvserve.engine.engine_args import ATTENTION_BACKENDS, EngineArgs
 from kvserve.model.attention import paged_attention
 from kvserve.model.attention_metadata import AttentionMetadata
-from kvserve.model.flex_metadata import FlexMetadata, bucket
+from kvserve.model.flex_metadata import BLOCK, Q_TILE, FlexMetadata, bucket
 from kvserve.model.step_metadata import METADATA_BUILDERS
 
 BS, KV_HEADS, HEADS, DIM = 4, 2, 4, 16
@@ -104,7 +104,7 @@ def test_the_block_mask_visits_every_needed_tile_and_skips_others():
     mask = meta.block_mask
     q_len, kv_len = mask.seq_lengths
     allowed = mask.mask_mod(0, 0, torch.arange(q_len)[:, None], torch.arange(kv_len)[None, :])
-    needed = allowed.view(q_len // 128, 128, kv_len // 128, 128).any(3).any(1)
+    needed = allowed.view(q_len // Q_TILE, Q_TILE, kv_len // BLOCK, BLOCK).any(3).any(1)
     visited = torch.zeros_like(needed)
     for tile, count in enumerate(mask.kv_num_blocks[0, 0].tolist()):
         visited[tile, mask.kv_indices[0, 0, tile, :count].long()] = True
