@@ -195,3 +195,8 @@ def test_llama_greedy_equals_transformers(llama, budget):
 
 def test_gemma3_sliding_windows_equal_transformers(gemma3_checkpoint):
     two_rounds(gemma3_checkpoint, max_num_batched_tokens=7)
+
+
+def test_bamba_attention_layer_equals_transformers(bamba_checkpoint):
+    """Mamba2 layers keep their own path; the attention layer reads through flex."""
+    two_rounds(bamba_checkpoint, max_num_batched_tokens=7)
