@@ -20,6 +20,7 @@ import transformers
 
 from kvserve import LLM, SamplingParams
 from kvserve.engine.engine_args import ATTENTION_BACKENDS, EngineArgs
+from kvserve.model import ModelRunner
 from kvserve.model.attention import paged_attention
 from kvserve.model.attention_metadata import AttentionMetadata
 from kvserve.model.flex_metadata import BLOCK, Q_TILE, FlexMetadata, bucket
@@ -132,6 +133,8 @@ def test_the_option_names_the_backends():
     assert EngineArgs().attention_backend == "plain"
     with pytest.raises(ValueError, match="attention_backend must be one of plain, flex, got 'x'"):
         EngineArgs(attention_backend="x")
+    with pytest.raises(ValueError, match="attention_backend must be one of plain, flex"):
+        ModelRunner("/no/such/model", block_size=BS, attention_backend="flash")  # before loading
 
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
