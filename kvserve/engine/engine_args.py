@@ -6,6 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+ATTENTION_BACKENDS = ("plain", "flex")
+"""kvserve.model.step_metadata.METADATA_BUILDERS has one builder for each (torch-free here)."""
+
 
 def _help(text: str) -> dict[str, str]:
     """A field's metadata: its command-line help (argparse formats it, so no bare %)."""
@@ -72,6 +75,12 @@ class EngineArgs:
         default=None,
         metadata=_help("CPU threads (default: $OMP_NUM_THREADS, else one per physical core)"),
     )
+    attention_backend: str = field(
+        default="plain",
+        metadata=_help("plain: torch ops per sequence group, fastest on the CPU; flex: the "
+                       "whole step in one compiled FlexAttention call per layer, for a GPU "
+                       "(first steps compile, seconds per shape)"),
+    )  # fmt: skip
     kv_events_config: Any = field(
         default=None,
         metadata=_help("publish KV cache events: vLLM's keys as JSON (in Python also a dict "
@@ -88,6 +97,11 @@ class EngineArgs:
     def __post_init__(self) -> None:
         """Check what can be checked before a model is loaded (a bad value is a ValueError
         naming it, on the command line as in Python); `kv_cache_memory` becomes bytes."""
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(
+                f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}, "
+                f"got {self.attention_backend!r}"
+            )
         if self.kv_cache_memory is not None:
             from kvserve.offload.options import size_bytes  # the --offload sizes' parser
 

@@ -65,6 +65,7 @@ class LLMEngine:
             seed=args.seed,
             num_threads=args.num_threads,
             quantization=args.quantization,
+            attention_backend=args.attention_backend,
         )
         self._setup(runner, args)
 

@@ -17,10 +17,15 @@ prefill path.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 
 from kvserve.model.attention_metadata import AttentionMetadata, DecodeGroup
+
+if TYPE_CHECKING:
+    from kvserve.model.flex_metadata import FlexMetadata
 
 
 def write_kv(
@@ -28,7 +33,7 @@ def write_kv(
     v: torch.Tensor,
     k_flat: torch.Tensor,
     v_flat: torch.Tensor,
-    meta: AttentionMetadata,
+    meta: AttentionMetadata | FlexMetadata,
 ) -> None:
     """Store the new [T, kv_heads, head_dim] keys and values at their slots of the flat
     caches ([num_blocks * block_size, kv_heads, head_dim])."""
@@ -47,7 +52,7 @@ def paged_attention(
     v: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    meta: AttentionMetadata,
+    meta: AttentionMetadata | FlexMetadata,
     scale: float,
     softcap: float | None = None,
 ) -> torch.Tensor:
@@ -55,11 +60,16 @@ def paged_attention(
 
     Writes all of k/v first, then reads; returns [T, heads * head_dim]. With
     `softcap` the scores are soft-capped (softcap * tanh(score / softcap))
-    before the mask and the softmax, as Gemma does.
+    before the mask and the softmax, as Gemma does. FlexMetadata (the "flex"
+    attention backend) sends the step to kvserve.model.flex_attention instead.
     """
     k_flat = k_cache.flatten(0, 1)
     v_flat = v_cache.flatten(0, 1)
     write_kv(k, v, k_flat, v_flat, meta)
+    if not isinstance(meta, AttentionMetadata):
+        from kvserve.model.flex_attention import flex_attention_read
+
+        return flex_attention_read(q, k_flat, v_flat, meta, scale, softcap)
     if meta.whole_batch is not None:  # a lone decoding request, or decodes in batch order
         return _decode_attention(q, k_flat, v_flat, meta.whole_batch, scale, softcap).flatten(1)
     out = torch.empty_like(q)

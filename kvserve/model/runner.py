@@ -28,7 +28,6 @@ from kvserve.kvcache.specs import (
     MambaStateSpec,
     SlidingWindowSpec,
 )
-from kvserve.model.attention import AttentionMetadata
 from kvserve.model.config import ModelConfig
 from kvserve.model.device import resolve_device
 from kvserve.model.kv_memory import (
@@ -41,6 +40,7 @@ from kvserve.model.loader import load_model
 from kvserve.model.logprobs import token_logprobs
 from kvserve.model.penalties import apply_penalties
 from kvserve.model.sampler import sample
+from kvserve.model.step_metadata import check_backend, step_metadata
 from kvserve.model.threads import default_num_threads
 from kvserve.model.tokenizer import load_tokenizer
 
@@ -129,11 +129,15 @@ class ModelRunner:
         seed: int = 0,
         num_threads: int | None = None,
         quantization: str = "none",
+        attention_backend: str = "plain",
     ) -> None:
         """`num_threads` (CPU only, process-wide): default $OMP_NUM_THREADS, else one per
-        physical core this process may use (kvserve.model.threads says why)."""
+        physical core this process may use (kvserve.model.threads says why).
+        `attention_backend`: "plain" torch, or "flex" (one compiled FlexAttention call per
+        layer and step, for a GPU: kvserve.model.flex_attention)."""
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.attention_backend = check_backend(attention_backend)
         self.model_dir = Path(model_dir)
         """The checkpoint as given: a Hugging Face directory, a .gguf file, or a directory
         holding one (kvserve.model.checkpoint resolves it wherever it is read)."""
@@ -226,28 +230,14 @@ class ModelRunner:
             return StepOutput([])
         input_ids: list[int] = []
         positions: list[int] = []
-        spans = []
         for chunk in chunks:
             self._check(chunk)
-            plan = chunk.plan
             input_ids.extend(chunk.new_token_ids)
-            positions.extend(range(plan.start, plan.end))
-            spans.append((plan.start, plan.num_tokens, plan.skip_write_until))
+            positions.extend(range(chunk.plan.start, chunk.plan.end))
         device = self.device
-        group_metas = [
-            self._state_metadata(chunks, g)
-            if isinstance(spec, MambaStateSpec)
-            else AttentionMetadata.build(
-                [
-                    (start, num, chunk.plan.block_ids[g], skip)
-                    for (start, num, skip), chunk in zip(spans, chunks, strict=True)
-                ],
-                self.block_size,
-                device,
-                getattr(spec, "sliding_window", None),
-            )
-            for g, spec in enumerate(self.kv_cache_specs)
-        ]
+        group_metas = step_metadata(
+            chunks, self.kv_cache_specs, self.block_size, device, self.attention_backend
+        )
         meta = [group_metas[g] for g in self.layer_groups.layer_group]
         rows, sampled = [], []
         last = -1
@@ -291,21 +281,6 @@ class ModelRunner:
         for i, row in zip(asked, found, strict=True):
             logprobs[i] = row
         return tokens, logprobs
-
-    def _state_metadata(self, chunks: list[SeqChunk], group: int) -> Any:
-        """Where each chunk's state comes from and goes, for one state group."""
-        from kvserve.model.mamba2 import StateMetadata, StateSegment
-
-        segments = []
-        row = 0
-        for chunk in chunks:
-            plan = chunk.plan.state_plans[group]  # checked in _check
-            num = chunk.plan.num_tokens
-            segments.append(
-                StateSegment(row, num, plan.state_in, plan.state_out, list(plan.snapshots))
-            )
-            row += num
-        return StateMetadata(segments)
 
     def _copy(self, copies: list[CopyOp]) -> None:
         """Copy-on-write: K/V slots of a cached block into a request's own block."""

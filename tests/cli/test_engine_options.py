@@ -90,6 +90,7 @@ def test_new_options_and_vllm_spellings():
     assert not args.enable_prefix_caching and args.hash_fn == "xxh3_128"
     assert (args.hash_seed, args.seed, args.num_threads) == (7, 5, 2)
     assert parse_engine_args("--hash-fn", "xxh3_128").hash_fn == "xxh3_128"
+    assert parse_engine_args("--attention-backend", "flex").attention_backend == "flex"
     # --seed stays the per-request sampling seed, apart from the engine's.
     assert subparser("generate").parse_args(["--seed", "9"]).seed == 9
 
@@ -104,6 +105,7 @@ def test_new_options_and_vllm_spellings():
         ["--dtype", "float8"],
         ["--hash", "md5"],
         ["--engine-seed", "x"],
+        ["--attention-backend", "fast"],
     ],
 )
 def test_bad_values_are_usage_errors(argv, capsys):

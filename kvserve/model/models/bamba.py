@@ -68,10 +68,8 @@ class BambaDecoderLayer(nn.Module):
                 raise TypeError(f"a mamba layer needs StateMetadata, got {type(meta).__name__}")
             h = self.mamba(h, cache, meta)
         else:
-            if not isinstance(meta, AttentionMetadata):
-                raise TypeError(
-                    f"an attention layer needs AttentionMetadata, got {type(meta).__name__}"
-                )
+            if isinstance(meta, StateMetadata):  # either attention backend's metadata goes
+                raise TypeError("an attention layer needs attention metadata, got StateMetadata")
             h = self.self_attn(h, cos_sin, cache, meta)
         x = x + h
         return x + self.feed_forward(self.pre_ff_layernorm(x))
