@@ -5,6 +5,7 @@ on the engine's own runner, mid-life.)"""
 from __future__ import annotations
 
 import logging
+import socket
 
 import pytest
 import torch
@@ -25,19 +26,36 @@ def tokens(llm: LLM, params: SamplingParams) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
 
 
+def events_config() -> dict:
+    """KV events published over ZMQ on a free loopback port."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return {"enable_kv_cache_events": True, "endpoint": f"tcp://127.0.0.1:{port}"}
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
 @pytest.mark.parametrize("arch", ["qwen3", "gemma3", "bamba"])
 def test_a_warm_up_between_requests_changes_no_output_and_no_hit(
     arch, checkpoints, gemma3_checkpoint, bamba_checkpoint
 ):
     path = {"qwen3": checkpoints["qwen3"], "gemma3": gemma3_checkpoint, "bamba": bamba_checkpoint}
     path = path[arch].path
-    plain, warmed = make(path), make(path)
+    plain = make(path)
+    warmed = make(path, kv_events_config=events_config())
     first = tokens(warmed, GREEDY)
+    events = warmed.engine.kv_events
     pool = [t.clone() for pair in warmed.engine.runner.kv_tensors for t in pair]
     hits = warmed.stats()["prefix_hit_tokens"]
     warm_up(warmed.engine.runner, max_num_seqs=8, max_num_batched_tokens=64)
     after = [t for pair in warmed.engine.runner.kv_tensors for t in pair]
-    assert all(torch.equal(a, b) for a, b in zip(pool, after, strict=True))
+    # Bit for bit: slots never written hold whatever was there (NaN is no error).
+    assert all(same_bits(a, b) for a, b in zip(pool, after, strict=True))
+    with events.lock:
+        assert events.end_step() is None  # the warm-up recorded no KV event
     # The same prompts again hit the blocks cached before the warm-up, and decode alike.
     again = warmed.generate(PROMPTS, GREEDY, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in again] == first == tokens(plain, GREEDY)
@@ -45,6 +63,7 @@ def test_a_warm_up_between_requests_changes_no_output_and_no_hit(
     assert all(o.num_cached_tokens > 0 for o in again)
     # The runner's shared generator is where it was: unseeded sampling goes on alike.
     assert tokens(warmed, SEEDED) == tokens(plain, SEEDED)
+    warmed.shutdown()
 
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

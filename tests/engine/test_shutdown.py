@@ -4,6 +4,7 @@ CUDA a second LLM in the same process then gets a pool as large as the first."""
 from __future__ import annotations
 
 import gc
+import socket
 import weakref
 
 import pytest
@@ -18,6 +19,14 @@ PROMPT = [5, 17, 42, 9, 100, 3, 7]
 def make(path: str, **kwargs) -> LLM:
     kwargs.setdefault("num_kv_blocks", 32)
     return LLM(path, block_size=4, dtype="float32", num_threads=1, device="cpu", **kwargs)
+
+
+def events_config() -> dict:
+    """KV events published over ZMQ on a free loopback port."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return {"enable_kv_cache_events": True, "endpoint": f"tcp://127.0.0.1:{port}"}
 
 
 def watch(llm: LLM) -> list[weakref.ref]:
@@ -72,8 +81,8 @@ def test_a_dropped_llm_frees_the_weights_and_the_pool_without_a_collector(checkp
 
 
 def test_a_dropped_llm_with_events_and_tiers_is_collected(checkpoints):
-    events = {"enable_kv_cache_events": True, "publisher": "null"}
-    llm = make(checkpoints["qwen3"].path, offload="cpu:1MiB", kv_events_config=events)
+    llm = make(checkpoints["qwen3"].path, offload="cpu:1MiB", kv_events_config=events_config())
+    assert llm.engine.kv_events is not None
     llm.generate(PROMPT, GREEDY, use_tqdm=False)
     refs = watch(llm)
     llm.shutdown()  # the publisher's thread ends
