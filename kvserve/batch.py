@@ -99,3 +99,7 @@ class Runner(Protocol):
     def free_request(self, request_id: str) -> None:
         """Forget per-request state (a finished or aborted request)."""
         ...
+
+    def release(self) -> None:
+        """Give back what the runner holds (weights, K/V): the engine shuts down."""
+        ...

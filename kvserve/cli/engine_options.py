@@ -30,6 +30,7 @@ _SPECIAL: dict[str, dict[str, Any]] = {
         )
     },
     "kv_cache_memory": {"type": parse_bytes},
+    "gpu_memory_utilization": {"metavar": "SHARE"},
     # vLLM spells it --no-enable-prefix-caching; kvserve has always said --no-prefix-caching.
     "enable_prefix_caching": {"flags": ("--no-prefix-caching", "--no-enable-prefix-caching")},
     "dtype": {"choices": ("auto", "float32", "bfloat16", "float16")},

@@ -34,6 +34,13 @@ class EngineArgs:
         metadata=_help("KV cache size instead of num_kv_blocks: bytes, or a size such as "
                        "2GiB or 512MB (the units of --offload)"),
     )  # fmt: skip
+    gpu_memory_utilization: float = field(
+        default=0.9,
+        metadata=_help("CUDA: the share of the device's total memory kvserve may use, in (0, 1]; "
+                       "the KV cache gets it less the weights, memory already in use and the "
+                       "profiled activation peak (unless num_kv_blocks or kv_cache_memory is "
+                       "given); ignored on the CPU, whose cache is sized from available RAM"),
+    )  # fmt: skip
     max_num_seqs: int = field(default=256, metadata=_help("max running requests"))
     max_num_batched_tokens: int = field(
         default=8192, metadata=_help("token budget per step (prompts beyond it are chunked)")
@@ -46,6 +53,12 @@ class EngineArgs:
         default=True,
         metadata=_help("reuse the cached KV blocks of equal prefixes; False: compute every "
                        "prompt token"),
+    )  # fmt: skip
+    warmup: bool = field(
+        default=True,
+        metadata=_help("CUDA: run dummy prefills and decodes of bucketed sizes at start, so the "
+                       "first requests do not pay for kernel selection (the log says how long "
+                       "it took); ignored on the CPU, which chooses no kernels per shape"),
     )  # fmt: skip
     dtype: str = field(
         default="auto",
@@ -102,6 +115,11 @@ class EngineArgs:
                 f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}, "
                 f"got {self.attention_backend!r}"
             )
+        utilization = self.gpu_memory_utilization
+        if isinstance(utilization, bool) or not isinstance(utilization, int | float):
+            raise ValueError(f"gpu_memory_utilization must be a number, got {utilization!r}")
+        if not 0 < utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {utilization}")
         if self.kv_cache_memory is not None:
             from kvserve.offload.options import size_bytes  # the --offload sizes' parser
 

@@ -8,12 +8,13 @@ marks blocks computed, appends tokens and finishes requests.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kvserve.batch import Runner
 from kvserve.engine.content_tracker import tracker_for
 from kvserve.engine.engine_args import EngineArgs
+from kvserve.engine.engine_stats import EngineStats
 from kvserve.engine.logprobs import LogprobsRecorder
 from kvserve.engine.request import Request
 from kvserve.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, sampled_tokens
@@ -38,16 +39,6 @@ class _UserRequest:
     """Per sequence: output tokens (and their logprobs) already handed out (DELTA)."""
 
 
-@dataclass(slots=True)
-class EngineStats:
-    prompt_tokens: int = 0
-    generated_tokens: int = 0
-    prefill_step_seconds: float = 0.0
-    """Time of steps that computed any prefill token (mixed steps included)."""
-    decode_step_seconds: float = 0.0
-    """Time of steps that only decoded."""
-
-
 class LLMEngine:
     """Step-level API (the server drives this; LLM.generate and `simulate` loop over it)."""
 
@@ -66,6 +57,10 @@ class LLMEngine:
             num_threads=args.num_threads,
             quantization=args.quantization,
             attention_backend=args.attention_backend,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_num_seqs=args.max_num_seqs,
+            warmup=args.warmup,
         )
         self._setup(runner, args)
 
@@ -123,6 +118,8 @@ class LLMEngine:
         self._requests: dict[str, _UserRequest] = {}
         self._admitted: set[str] = set()
         self._vocab_size = runner.vocab_size
+        self.closed = False
+        """True after `shutdown()`."""
         self.kv_events = None
         """KV cache events (kvserve.events.EngineKVEvents); None when disabled."""
         if args.kv_events_config is not None:
@@ -144,6 +141,7 @@ class LLMEngine:
         cache_salt: str | None = None,
     ) -> None:
         """Queue a request; a bad one raises ValueError and leaves the engine as it was."""
+        self._check_open()
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
@@ -165,7 +163,7 @@ class LLMEngine:
             if params.n > 1:
                 # Each completion samples on its own; a seed stays reproducible per index.
                 seed = None if params.seed is None else params.seed + index
-                child = _replace(params, n=1, seed=seed)
+                child = replace(params, n=1, seed=seed)
             sequences.append(
                 Request(
                     request_id if params.n == 1 else f"{request_id}#{index}",
@@ -236,6 +234,7 @@ class LLMEngine:
         With KV events on, the step runs under the events lock and publishes
         its events (one batch) at the end.
         """
+        self._check_open()
         events = self.kv_events
         if events is None:
             return self._step()
@@ -258,7 +257,11 @@ class LLMEngine:
         return done
 
     def shutdown(self) -> None:
-        """Stop the event publisher (sends what is queued first); finish tier writes."""
+        """Stop the event publisher (sends what is queued first), finish tier writes, and
+        give the weights and the KV pool back (`runner.release`); later work is refused."""
+        if self.closed:
+            return
+        self.closed = True
         if self.connector is not None:
             self.connector.close()
         if self.kv_events is not None:
@@ -266,6 +269,11 @@ class LLMEngine:
                 self.kv_events.end_step()  # the tiers' last writes
             self.kv_events.close()
             self.kv_events = None
+        self.runner.release()
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise RuntimeError("the engine was shut down: no more requests or steps")
 
     def _step(self) -> list[RequestOutput]:
         t0 = time.perf_counter()
@@ -388,9 +396,3 @@ class LLMEngine:
             "external_hit_tokens": s.external_hit_tokens,
             **(self.tiers.stats() if self.tiers is not None else {}),
         }
-
-
-def _replace(params: SamplingParams, **changes: Any) -> SamplingParams:
-    values = {name: getattr(params, name) for name in SamplingParams.__dataclass_fields__}
-    values.update(changes)
-    return SamplingParams(**values)

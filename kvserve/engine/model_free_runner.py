@@ -96,6 +96,9 @@ class ModelFreeRunner:
         if self.kv is not None:
             self.kv.free_request(request_id)
 
+    def release(self) -> None:
+        """Nothing to give back early: token ids and hashes are small."""
+
     def kv_block_io(self, hash_block_size: int, hash_fn: str, hash_seed: int) -> tuple:
         """(block reader/writer, fingerprint) for the external tiers (EngineTiers)."""
         if self.kv is None:

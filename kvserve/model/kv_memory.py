@@ -14,9 +14,6 @@ logger = logging.getLogger(__name__)
 GiB = 1 << 30
 CPU_FRACTION = 0.25
 CPU_CAP = 4 * GiB
-CUDA_FRACTION = 0.85
-CUDA_HEADROOM = GiB // 2
-"""Kept free on CUDA for activations and the allocator's slack."""
 
 
 def bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -25,12 +22,35 @@ def bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) ->
     return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * element
 
 
-def default_kv_cache_memory(device: torch.device) -> int:
-    """A sane budget: min(25% of available RAM, 4 GiB) on CPU; most of the free memory on CUDA."""
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return max(0, int(free * CUDA_FRACTION) - CUDA_HEADROOM)
+def cpu_kv_cache_memory() -> int:
+    """The CPU's default budget: min(25% of available RAM, 4 GiB), so the pool leaves the
+    machine room for everything else (CUDA is sized by kvserve.model.pool_size)."""
     return min(int(available_ram() * CPU_FRACTION), CPU_CAP)
+
+
+def gpu_kv_cache_memory(
+    *, total: int, in_use: int, activation_peak: int, utilization: float, block_bytes: int
+) -> int:
+    """The KV pool's bytes on an accelerator: `utilization` of its `total` memory, less what
+    is `in_use` already (weights, other pools, other processes) and the profiled
+    `activation_peak` of the largest step.
+
+    Of the total rather than of what is free, so the pool does not depend on
+    what happened to be free; a budget under 2 blocks is a one-line ValueError
+    naming gpu_memory_utilization and the numbers.
+    """
+    if not 0 < utilization <= 1:
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {utilization}")
+    budget = int(total * utilization) - in_use - activation_peak
+    if budget < 2 * block_bytes:
+        raise ValueError(
+            f"gpu_memory_utilization {utilization} of {total / GiB:.2f} GiB leaves "
+            f"{max(budget, 0) / GiB:.2f} GiB for the KV cache after {in_use / GiB:.2f} GiB "
+            f"in use and a {activation_peak / GiB:.2f} GiB activation peak: fewer than 2 "
+            f"blocks of {block_bytes} bytes (raise gpu_memory_utilization, lower "
+            "max_num_batched_tokens, or give kv_cache_memory)"
+        )
+    return budget
 
 
 def available_ram() -> int:

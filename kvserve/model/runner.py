@@ -13,7 +13,6 @@ are managed (docs/design.md: data flows one way).
 from __future__ import annotations
 
 import logging
-import math
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -23,18 +22,12 @@ import torch
 from kvserve.batch import SeqChunk, StepOutput, TokenLogprobs
 from kvserve.kvcache.plan import CopyOp
 from kvserve.kvcache.specs import (
-    FullAttentionSpec,
     KVCacheSpec,
     MambaStateSpec,
-    SlidingWindowSpec,
 )
-from kvserve.model.config import ModelConfig
 from kvserve.model.device import resolve_device
-from kvserve.model.kv_memory import (
-    allocate_kv_caches,
-    default_kv_cache_memory,
-    num_blocks_for,
-)
+from kvserve.model.kv_layout import layer_caches, layer_kv_specs
+from kvserve.model.kv_memory import allocate_kv_caches, cpu_kv_cache_memory, num_blocks_for
 from kvserve.model.layer_groups import GroupLayout, group_layers
 from kvserve.model.loader import load_model
 from kvserve.model.logprobs import token_logprobs
@@ -69,51 +62,6 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
         raise ValueError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {name!r}") from None
 
 
-def layer_kv_specs(config: ModelConfig, block_size: int, dtype: torch.dtype) -> list[KVCacheSpec]:
-    """One spec per layer: full attention, a sliding window where the config has one,
-    or a Mamba state.
-
-    A state page lives in a K/V page pair: conv state in the K half, SSM state
-    in the V half, so it needs twice the larger of the two.
-    """
-    element = torch.empty((), dtype=dtype).element_size()
-    shape = dict(
-        block_size=block_size,
-        num_kv_heads=config.num_kv_heads,
-        head_size=config.head_dim,
-        dtype_bytes=element,
-    )
-    windows = config.layer_windows or [None] * config.num_layers
-    kinds = config.layer_kinds or ["attention"] * config.num_layers
-    state_bytes = 0
-    if "mamba" in kinds:
-        from kvserve.model.mamba2 import state_shapes
-
-        conv, ssm = state_shapes(config)
-        state_bytes = 2 * max(math.prod(conv), math.prod(ssm)) * element
-    return [
-        MambaStateSpec(block_size=block_size, state_bytes=state_bytes)
-        if kind == "mamba"
-        else FullAttentionSpec(**shape)
-        if w is None
-        else SlidingWindowSpec(sliding_window=w, **shape)
-        for kind, w in zip(kinds, windows, strict=True)
-    ]
-
-
-def state_views(
-    k: torch.Tensor, v: torch.Tensor, config: ModelConfig
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """A Mamba layer's (conv, ssm) state pages inside a K/V pair: one page per block id."""
-    from kvserve.model.mamba2 import state_shapes
-
-    conv, ssm = state_shapes(config)
-    blocks = k.shape[0]
-    conv_view = k.view(blocks, -1)[:, : math.prod(conv)].view(blocks, *conv)
-    ssm_view = v.view(blocks, -1)[:, : math.prod(ssm)].view(blocks, *ssm)
-    return conv_view, ssm_view
-
-
 class ModelRunner:
     """Owns the model, its paged K/V tensors and the per-request random generators."""
 
@@ -130,11 +78,19 @@ class ModelRunner:
         num_threads: int | None = None,
         quantization: str = "none",
         attention_backend: str = "plain",
+        gpu_memory_utilization: float = 0.9,
+        max_num_batched_tokens: int = 8192,
+        max_num_seqs: int = 256,
+        warmup: bool = True,
     ) -> None:
         """`num_threads` (CPU only, process-wide): default $OMP_NUM_THREADS, else one per
         physical core this process may use (kvserve.model.threads says why).
         `attention_backend`: "plain" torch, or "flex" (one compiled FlexAttention call per
-        layer and step, for a GPU: kvserve.model.flex_attention)."""
+        layer and step, for a GPU: kvserve.model.flex_attention). On CUDA without
+        `num_blocks` or `kv_cache_memory` the pool is `gpu_memory_utilization` of the
+        device's memory after the weights and the activation peak of the largest step
+        (kvserve.model.pool_size); `warmup` runs dummy steps at start on an accelerator
+        (kvserve.model.warmup)."""
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.attention_backend = check_backend(attention_backend)
@@ -163,10 +119,30 @@ class ModelRunner:
             g for g, spec in enumerate(self.kv_cache_specs) if isinstance(spec, MambaStateSpec)
         ]
         self.bytes_per_block = self.layer_groups.page_bytes
+        self.eos_token_ids: set[int] = set(self.config.eos_token_ids)
+        self.max_model_len: int = self.config.max_position_embeddings
+        self.vocab_size: int = self.config.vocab_size
+        self._generators: dict[str, torch.Generator] = {}
+        self._default_generator = torch.Generator(device=self.device)
+        self._default_generator.manual_seed(seed)
+        self.kv_tensors: list[tuple[torch.Tensor, torch.Tensor]] = []
+        """One (K, V) pair per position inside a group: every group's block ids index
+        the same tensors, and layer l uses the pair at its slot."""
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        """Per layer (K, V), or (conv, ssm) state pages of a Mamba layer (kv_layout)."""
+        self.num_blocks = 0
+        self.released = False
+        """True after `release()`: the weights and the pool are gone, no step runs."""
         if num_blocks is None:
             memory = kv_cache_memory
-            if memory is None:
-                memory = default_kv_cache_memory(self.device)
+            if memory is None and self.device.type == "cuda":
+                from kvserve.model.pool_size import cuda_kv_cache_memory
+
+                memory = cuda_kv_cache_memory(
+                    self, gpu_memory_utilization, max_num_batched_tokens, max_num_seqs
+                )
+            elif memory is None:
+                memory = cpu_kv_cache_memory()
             num_blocks = num_blocks_for(memory, self.bytes_per_block)
         elif num_blocks < 2:
             raise ValueError(
@@ -186,8 +162,6 @@ class ModelRunner:
         )
         if self.device.type == "cpu":  # said once the model loaded: a load error stays one line
             logger.info("CPU: %d thread(s)", torch.get_num_threads())
-        # Every group's block ids index the same tensors: one (K, V) pair per
-        # position inside a group; layer l uses the pair at its slot.
         self.kv_tensors = allocate_kv_caches(
             self.config,
             num_blocks,
@@ -196,21 +170,26 @@ class ModelRunner:
             self.device,
             num_tensors=self.layer_groups.group_size,
         )
-        kinds = self.config.layer_kinds or ["attention"] * self.config.num_layers
-        self.kv_caches = [
-            state_views(*self.kv_tensors[slot], self.config)
-            if kind == "mamba"
-            else self.kv_tensors[slot]
-            for slot, kind in zip(self.layer_groups.layer_slot, kinds, strict=True)
-        ]
-        """Per layer (K, V), or (conv, ssm) state pages of a Mamba layer; layers in the
-        same slot of different groups share tensors."""
-        self.eos_token_ids: set[int] = set(self.config.eos_token_ids)
-        self.max_model_len: int = self.config.max_position_embeddings
-        self.vocab_size: int = self.config.vocab_size
-        self._generators: dict[str, torch.Generator] = {}
-        self._default_generator = torch.Generator(device=self.device)
-        self._default_generator.manual_seed(seed)
+        self.kv_caches = layer_caches(self.config, self.layer_groups, self.kv_tensors)
+        if warmup and self.device.type != "cpu":  # kvserve.model.warmup says why
+            from kvserve.model.warmup import warm_up
+
+            warm_up(self, max_num_seqs, max_num_batched_tokens)
+
+    def release(self) -> None:
+        """Drop the weights and the K/V tensors (the engine's shutdown), so their memory
+        returns now rather than when the last reference to the runner goes.
+
+        The tensor lists are emptied in place: a holder of the same list (the
+        tiers' block I/O) lets go of them too. Later steps are refused.
+        """
+        self.released = True
+        self.kv_tensors.clear()
+        self.kv_caches.clear()
+        self.model = None
+        self._generators.clear()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     @cached_property
     def tokenizer(self) -> Any | None:
@@ -223,6 +202,8 @@ class ModelRunner:
 
         The plans' copies (copy-on-write of partially hit blocks) are done first.
         """
+        if self.released:
+            raise RuntimeError("the model runner was released (shut down): no step runs")
         copies = [op for chunk in chunks for op in chunk.plan.copies]
         if copies:
             self._copy(copies)

@@ -60,6 +60,14 @@ def test_kv_events_config_is_checked_key_by_key(config, named):
     assert named in line
 
 
+@pytest.mark.parametrize("share", ["0", "1.5"])
+def test_gpu_memory_utilization_outside_0_1_is_refused(share):
+    line = one_line_error(
+        kvserve("generate", "--gpu-memory-utilization", share, "--max-tokens", "1")
+    )
+    assert f"gpu_memory_utilization must be in (0, 1], got {float(share)}" in line
+
+
 def test_an_offload_path_that_is_a_file_says_so(checkpoints, tmp_path):
     # (A tier too small for one block: tests/offload/test_tier_failures.py, in Python.)
     a_file = tmp_path / "hostname"

@@ -76,3 +76,22 @@ def test_kv_events_config_is_checked_before_the_model_loads(tmp_path):
     text = '{"enable_kv_cache_events": true, "hwm": 5}'
     assert EngineArgs(kv_events_config=text).kv_events_config == text  # checked, kept
     assert KVEventsConfig.from_any(text) == KVEventsConfig(enable_kv_cache_events=True, hwm=5)
+
+
+@pytest.mark.parametrize("bad", [0, -0.5, 1.01, 3, float("nan"), "0.5", True, None])
+def test_gpu_memory_utilization_outside_0_1_names_the_option(bad):
+    with pytest.raises(ValueError, match="gpu_memory_utilization") as info:
+        EngineArgs(gpu_memory_utilization=bad)
+    assert "\n" not in str(info.value)
+
+
+def test_gpu_memory_utilization_is_ignored_on_the_cpu(checkpoints):
+    # The CPU pool is sized from RAM: a share of 1 % sizes it exactly as 90 % does.
+    path = checkpoints["qwen3"].path
+    low = make(path, device="cpu", gpu_memory_utilization=0.01)
+    default = make(path, device="cpu")
+    assert EngineArgs(gpu_memory_utilization=1).gpu_memory_utilization == 1
+    # MemAvailable may move a little between the two loads; 1 % would be a hundredth.
+    low_blocks, default_blocks = (llm.stats()["num_kv_blocks"] for llm in (low, default))
+    assert low_blocks >= 0.9 * default_blocks
+    assert low.generate(PROMPT, GREEDY, use_tqdm=False)[0].outputs[0].token_ids

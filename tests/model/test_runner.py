@@ -8,7 +8,7 @@ import pytest
 from model_driver import make_chunk
 
 from kvserve.model import ModelRunner
-from kvserve.model.kv_memory import CPU_CAP, default_kv_cache_memory
+from kvserve.model.kv_memory import CPU_CAP, cpu_kv_cache_memory
 
 
 def make(checkpoints, arch="llama", **kwargs):
@@ -29,7 +29,7 @@ def test_bytes_per_block_and_memory_budget(checkpoints):
 def test_default_size_is_capped_and_logged(checkpoints, caplog):
     with caplog.at_level(logging.INFO, logger="kvserve.model.runner"):
         runner = make(checkpoints)
-    budget = default_kv_cache_memory(runner.device)
+    budget = cpu_kv_cache_memory()
     assert 0 < budget <= CPU_CAP
     assert runner.num_blocks == budget // runner.bytes_per_block
     assert f"{runner.num_blocks} blocks" in caplog.text
