@@ -1,8 +1,7 @@
 """kvserve against transformers' batched `generate` on one GPU, nano-vllm's workload.
 
-Run: .venv/bin/python benchmarks/gpu.py [--num-seqs 256] [--min-len 100] [--max-len 1024]
-         [--device cuda] [--dtype bfloat16] [--batch 64] [--skip-transformers]
-         [--bandwidth-gbs 3350] [--engine-arg KEY=VALUE ...] [--layers N] [--hidden N]
+Run: .venv/bin/python benchmarks/gpu.py [--bandwidth-gbs 3350] [--engine-arg KEY=VALUE ...]
+(`--help` lists the workload, device and model options).
 
 Workload (nano-vllm's benchmark): `--num-seqs` requests, each with an input
 length and an output length drawn uniformly from [--min-len, --max-len]
@@ -18,7 +17,8 @@ engines load the same file. `--layers` / `--hidden` shrink it for a smoke run
 
 Each engine runs in a fresh worker process (its first run is the first in a
 process; one engine's GPU memory is gone before the other starts), loads the
-model (not timed) and runs the whole workload twice: the *first run* (kernel
+model (not timed; kvserve's warm-up at start is part of it, and its time is
+printed) and runs the whole workload twice: the *first run* (kernel
 selection, allocator growth, every first-call cost) and the *warm run*.
 
 - kvserve: `LLM.generate` on the whole list (continuous batching, chunked
@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import logging
 import os
 import platform
 import random
@@ -148,9 +149,6 @@ def parse_engine_args(pairs: list[str]) -> dict:
     return out
 
 
-# -- workers (one engine each, in a fresh process) ---------------------------------
-
-
 def weight_bytes(model) -> int:
     """Bytes of the distinct parameters (a tied embedding counted once): one decode step's."""
     return sum(p.numel() * p.element_size() for p in model.parameters())
@@ -164,6 +162,11 @@ def sync(device: str) -> None:
 def kvserve_worker(args: argparse.Namespace, model_dir: str, items: list) -> dict:
     from kvserve import LLM, SamplingParams
 
+    warmup_log: list[logging.LogRecord] = []  # the engine's `warm-up: N shapes in X s` line
+    handler, warmup_logger = logging.Handler(), logging.getLogger("kvserve.model.warmup")
+    handler.emit = warmup_log.append  # type: ignore[method-assign]
+    warmup_logger.addHandler(handler)
+    warmup_logger.setLevel(logging.INFO)
     t0 = time.perf_counter()
     extra = parse_engine_args(args.engine_arg)
     llm = LLM(model_dir, device=args.device, dtype=args.dtype, **extra)
@@ -186,6 +189,7 @@ def kvserve_worker(args: argparse.Namespace, model_dir: str, items: list) -> dic
         runs.append({"seconds": seconds, "step_seconds": step_s, **delta})
     return {
         "load_s": load_s,
+        "warmup_s": float(warmup_log[-1].args[1]) if warmup_log else None,
         "runs": runs,
         "weight_bytes": weight_bytes(llm.engine.runner.model),
         "num_kv_blocks": llm.stats()["num_kv_blocks"],
@@ -320,9 +324,11 @@ def report(args: argparse.Namespace, config: dict, items: list, results: dict) -
     kv = results.get("kvserve")
     if kv is not None:
         preempted = kv["runs"][1].get("preemptions", 0)
+        warmup = kv.get("warmup_s")
+        warmed = "no warm-up" if warmup is None else f"its warm-up {warmup:.1f} s"
         print(
-            f"\n# kvserve: load {kv['load_s']:.1f} s, {kv['num_kv_blocks']:,} KV blocks, "
-            f"{preempted} preemptions in the warm run"
+            f"\n# kvserve: load {kv['load_s']:.1f} s ({warmed}), {kv['num_kv_blocks']:,} KV "
+            f"blocks, {preempted} preemptions in the warm run"
         )
 
 
