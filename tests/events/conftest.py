@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests._ports import free_port
 
 
 class Ports:

@@ -6,18 +6,11 @@ stored minus removed equals the tier's keys, each hash stored once while held.
 
 from __future__ import annotations
 
-import socket
-
 import torch
 
 from kvserve import LLM, SamplingParams
 from kvserve.kvcache.events import BlockRemoved, BlockStored, wire_hash
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests._ports import free_port
 
 
 def prompt(n: int, salt: int) -> list[int]:

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import json
-import random
-import socket
 import time
 
 import httpx
 import pytest
 
 from kvserve.model.demo import ensure_demo_model
+from tests._ports import free_port
 from tests.serve.conftest import (
     Server,
-    free_port,
     metric,
     scrape,
     start_command,
@@ -67,20 +65,6 @@ def stop_all(*servers: Server | None) -> list[str]:
         if s.proc.poll() is None:
             s.proc.terminate()
     return [stop_server(s) for s in running]
-
-
-def free_ports(n: int) -> int:
-    """The first of n consecutive free loopback ports (ranks offset ports by one each)."""
-    for _ in range(200):
-        base = random.randrange(20000, 60000)
-        try:
-            for port in range(base, base + n):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-    raise RuntimeError("no consecutive free ports")
 
 
 def router_value(router: Server, name: str, replica: Server | str) -> float:

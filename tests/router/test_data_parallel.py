@@ -10,10 +10,10 @@ import sys
 import httpx
 
 from kvserve.model.threads import default_num_threads
+from tests._ports import free_ports
 from tests.router._workload import conversations
 from tests.router.conftest import (
     BLOCKS,
-    free_ports,
     router_series,
     router_total,
     stop_all,

@@ -3,9 +3,9 @@ the router's view of it is rebuilt (its old blocks are gone) and exact again."""
 
 from __future__ import annotations
 
+from tests._ports import free_port
 from tests.router._workload import conversations
 from tests.router.conftest import (
-    free_port,
     router_series,
     router_total,
     router_value,

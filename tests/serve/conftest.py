@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ import httpx
 import pytest
 
 from kvserve.model.demo import ensure_demo_model
+from tests._ports import free_port
 
 ENGINE = {"block_size": 4, "num_threads": 1, "num_kv_blocks": 512}
 START_SECONDS = 120
@@ -30,12 +30,6 @@ class Server:
 @pytest.fixture(scope="session")
 def demo(tmp_path_factory) -> str:
     return ensure_demo_model(tmp_path_factory.mktemp("serve-demo"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(

@@ -7,7 +7,8 @@ import json
 import httpx
 
 from kvserve.events.subscriber import KVEventSubscriber
-from tests.serve.conftest import ENGINE, free_port, start_server, stop_server
+from tests._ports import free_port
+from tests.serve.conftest import ENGINE, start_server, stop_server
 
 
 def test_kv_metadata_is_the_publishers_plus_where_the_events_are(demo):

@@ -13,7 +13,8 @@ import pytest
 
 from kvserve.cli.serve import LOOPBACK_EVENTS_ENDPOINT, loopback_events
 from kvserve.events.subscriber import KVEventSubscriber
-from tests.serve.conftest import free_port, start_server, stop_server
+from tests._ports import free_port
+from tests.serve.conftest import start_server, stop_server
 
 LONG = {"prompt": "go on and on", "max_tokens": 2000, "ignore_eos": True, "stream": True}
 
