@@ -131,8 +131,6 @@ class ModelRunner:
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         """Per layer (K, V), or (conv, ssm) state pages of a Mamba layer (kv_layout)."""
         self.num_blocks = 0
-        self.released = False
-        """True after `release()`: the weights and the pool are gone, no step runs."""
         if num_blocks is None:
             memory = kv_cache_memory
             if memory is None and self.device.type == "cuda":
@@ -162,7 +160,18 @@ class ModelRunner:
         )
         if self.device.type == "cpu":  # said once the model loaded: a load error stays one line
             logger.info("CPU: %d thread(s)", torch.get_num_threads())
-        self.kv_tensors = allocate_kv_caches(
+        self.kv_tensors, self.kv_caches = self.allocate_pool(num_blocks)
+        if warmup and self.device.type != "cpu":  # kvserve.model.warmup says why
+            from kvserve.model.warmup import warm_up
+
+            warm_up(self, max_num_seqs, max_num_batched_tokens)
+
+    def allocate_pool(
+        self, num_blocks: int
+    ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], list[tuple[torch.Tensor, torch.Tensor]]]:
+        """A pool of `num_blocks` blocks for this model: its (K, V) tensors and each layer's
+        view of them (the runner's own, or a scratch one: kvserve.model.scratch)."""
+        tensors = allocate_kv_caches(
             self.config,
             num_blocks,
             self.block_size,
@@ -170,11 +179,7 @@ class ModelRunner:
             self.device,
             num_tensors=self.layer_groups.group_size,
         )
-        self.kv_caches = layer_caches(self.config, self.layer_groups, self.kv_tensors)
-        if warmup and self.device.type != "cpu":  # kvserve.model.warmup says why
-            from kvserve.model.warmup import warm_up
-
-            warm_up(self, max_num_seqs, max_num_batched_tokens)
+        return tensors, layer_caches(self.config, self.layer_groups, tensors)
 
     def release(self) -> None:
         """Drop the weights and the K/V tensors (the engine's shutdown), so their memory
@@ -183,7 +188,6 @@ class ModelRunner:
         The tensor lists are emptied in place: a holder of the same list (the
         tiers' block I/O) lets go of them too. Later steps are refused.
         """
-        self.released = True
         self.kv_tensors.clear()
         self.kv_caches.clear()
         self.model = None
@@ -202,7 +206,7 @@ class ModelRunner:
 
         The plans' copies (copy-on-write of partially hit blocks) are done first.
         """
-        if self.released:
+        if self.model is None:  # release() dropped the weights and the pool
             raise RuntimeError("the model runner was released (shut down): no step runs")
         copies = [op for chunk in chunks for op in chunk.plan.copies]
         if copies:

@@ -18,8 +18,6 @@ import torch
 
 from kvserve.batch import SeqChunk
 from kvserve.kvcache.plan import StatePlan, StepPlan
-from kvserve.model.kv_layout import layer_caches
-from kvserve.model.kv_memory import allocate_kv_caches
 from kvserve.sampling_params import SamplingParams
 
 SCRATCH_BLOCK = 1
@@ -32,20 +30,11 @@ def scratch_cache(runner: Any, num_blocks: int = 2) -> Iterator[None]:
     """The runner steps on `num_blocks` zeroed blocks (block 0, the null block, and the
     scratch block) inside the body; its own K/V, whatever it was, comes back after."""
     saved = runner.kv_tensors, runner.kv_caches, runner.num_blocks
-    tensors = allocate_kv_caches(
-        runner.config,
-        num_blocks,
-        runner.block_size,
-        runner.dtype,
-        runner.device,
-        num_tensors=runner.layer_groups.group_size,
-    )
+    tensors, caches = runner.allocate_pool(num_blocks)
     for k, v in tensors:
         k.zero_()
         v.zero_()
-    runner.kv_tensors = tensors
-    runner.kv_caches = layer_caches(runner.config, runner.layer_groups, tensors)
-    runner.num_blocks = num_blocks
+    runner.kv_tensors, runner.kv_caches, runner.num_blocks = tensors, caches, num_blocks
     try:
         yield
     finally:
