@@ -159,14 +159,24 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def _log_lines(name: str) -> list[logging.LogRecord]:
+    """The records logger `name` emits from now on, at INFO and above."""
+    lines: list[logging.LogRecord] = []
+    handler, logger = logging.Handler(), logging.getLogger(name)
+    handler.emit = lines.append  # type: ignore[method-assign]
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    return lines
+
+
 def kvserve_worker(args: argparse.Namespace, model_dir: str, items: list) -> dict:
     from kvserve import LLM, SamplingParams
 
-    warmup_log: list[logging.LogRecord] = []  # the engine's `warm-up: N shapes in X s` line
-    handler, warmup_logger = logging.Handler(), logging.getLogger("kvserve.model.warmup")
-    handler.emit = warmup_log.append  # type: ignore[method-assign]
-    warmup_logger.addHandler(handler)
-    warmup_logger.setLevel(logging.INFO)
+    # The engine's own lines: `warm-up: N shapes in X s`, `CUDA graphs: ... captured in X s`.
+    warmup_log, graphs_log = (
+        _log_lines("kvserve.model.warmup"),
+        _log_lines("kvserve.model.decode_graphs"),
+    )
     t0 = time.perf_counter()
     extra = parse_engine_args(args.engine_arg)
     llm = LLM(model_dir, device=args.device, dtype=args.dtype, **extra)
@@ -190,6 +200,7 @@ def kvserve_worker(args: argparse.Namespace, model_dir: str, items: list) -> dic
     return {
         "load_s": load_s,
         "warmup_s": float(warmup_log[-1].args[1]) if warmup_log else None,
+        "graphs_s": float(graphs_log[-1].args[-1]) if graphs_log else None,
         "runs": runs,
         "weight_bytes": weight_bytes(llm.engine.runner.model),
         "num_kv_blocks": llm.stats()["num_kv_blocks"],
@@ -321,13 +332,16 @@ def report(args: argparse.Namespace, config: dict, items: list, results: dict) -
     print()
     for line in table(results, items, args.bandwidth_gbs):
         print(line)
-    kv = results.get("kvserve")
-    if kv is not None:
+    for engine, kv in results.items():
+        if not engine.startswith("kvserve"):
+            continue
         preempted = kv["runs"][1].get("preemptions", 0)
-        warmup = kv.get("warmup_s")
+        warmup, graphs = kv.get("warmup_s"), kv.get("graphs_s")
         warmed = "no warm-up" if warmup is None else f"its warm-up {warmup:.1f} s"
+        if graphs is not None:
+            warmed += f", CUDA graph capture {graphs:.1f} s"
         print(
-            f"\n# kvserve: load {kv['load_s']:.1f} s ({warmed}), {kv['num_kv_blocks']:,} KV "
+            f"# {engine}: load {kv['load_s']:.1f} s ({warmed}), {kv['num_kv_blocks']:,} KV "
             f"blocks, {preempted} preemptions in the warm run"
         )
 
@@ -342,6 +356,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--batch", type=positive, default=64, help="transformers' batch size")
     ap.add_argument("--skip-transformers", action="store_true")
+    ap.add_argument(
+        "--backends",
+        default="plain,triton",
+        help="kvserve attention backends to run, one row each (comma-separated; triton "
+        "replays CUDA graphs for decode unless --engine-arg enforce_eager=true)",
+    )
     ap.add_argument(
         "--bandwidth-gbs",
         type=float,
@@ -366,8 +386,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         extra = parse_engine_args(args.engine_arg)
     except ValueError as exc:
         ap.error(str(exc))
-    from kvserve.engine.engine_args import EngineArgs
+    from kvserve.engine.engine_args import ATTENTION_BACKENDS, EngineArgs
 
+    args.backends = [b for b in args.backends.split(",") if b]
+    wrong = [b for b in args.backends if b not in ATTENTION_BACKENDS]
+    if wrong or not args.backends:
+        ap.error(f"--backends: each of {', '.join(ATTENTION_BACKENDS)}, got {wrong or 'none'}")
+    if "attention_backend" in extra and not args.worker:
+        ap.error("--engine-arg attention_backend: say it with --backends")
     unknown = sorted(set(extra) - set(EngineArgs.__dataclass_fields__))
     if unknown:  # e.g. attention_backend, on a kvserve that does not have it yet
         ap.error(f"--engine-arg: EngineArgs has no {', '.join(unknown)}")
@@ -385,12 +411,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         print(json.dumps(WORKERS[args.worker](args, model_dir, items)))
         return 0
-    engines = ["kvserve"] + ([] if args.skip_transformers else ["transformers"])
-    worker_argv = [a for a in argv if a != "--skip-transformers"]
+    worker_argv = [*(a for a in argv if a != "--skip-transformers"), "--model-dir", model_dir]
+    runs = [(f"kvserve {b}", "kvserve", ["--engine-arg", f"attention_backend={b}"])
+            for b in args.backends]  # fmt: skip
+    if not args.skip_transformers:
+        runs.append(("transformers", "transformers", []))
     results = {}
-    for engine in engines:
-        print(f"running {engine} ...", file=sys.stderr, flush=True)
-        results[engine] = run_worker(engine, [*worker_argv, "--model-dir", model_dir])
+    for name, engine, extra_argv in runs:
+        print(f"running {name} ...", file=sys.stderr, flush=True)
+        results[name] = run_worker(engine, [*worker_argv, *extra_argv])
     report(args, config, items, results)
     return 0
 

@@ -20,6 +20,10 @@ import transformers
 
 # Tiny models: one thread is fastest, and immune to a machine busy with other work.
 torch.set_num_threads(1)
+if not torch.cuda.is_available():
+    # The "triton" backend's kernels run in Triton's interpreter on the CPU; it must be on
+    # before triton is first imported (its own library functions are defined then).
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 COMMON = dict(
     hidden_size=64,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-ATTENTION_BACKENDS = ("plain", "flex")
+ATTENTION_BACKENDS = ("plain", "flex", "triton")
 """kvserve.model.step_metadata.METADATA_BUILDERS has one builder for each (torch-free here)."""
 
 
@@ -60,6 +60,11 @@ class EngineArgs:
                        "first requests do not pay for kernel selection (the log says how long "
                        "it took); ignored on the CPU, which chooses no kernels per shape"),
     )  # fmt: skip
+    enforce_eager: bool = field(
+        default=False,
+        metadata=_help("CUDA with attention_backend triton: run decode steps eagerly instead of "
+                       "replaying the CUDA graphs captured at start (one per batch-size bucket)"),
+    )  # fmt: skip
     dtype: str = field(
         default="auto",
         metadata=_help(
@@ -92,7 +97,8 @@ class EngineArgs:
         default="plain",
         metadata=_help("plain: torch ops per sequence group, fastest on the CPU; flex: the "
                        "whole step in one compiled FlexAttention call per layer, for a GPU "
-                       "(first steps compile, seconds per shape)"),
+                       "(first steps compile, seconds per shape); triton: one Triton kernel per "
+                       "layer reading the paged cache in place, for CUDA (needs triton)"),
     )  # fmt: skip
     kv_events_config: Any = field(
         default=None,

@@ -61,6 +61,7 @@ class LLMEngine:
             max_num_batched_tokens=args.max_num_batched_tokens,
             max_num_seqs=args.max_num_seqs,
             warmup=args.warmup,
+            enforce_eager=args.enforce_eager,
         )
         self._setup(runner, args)
 

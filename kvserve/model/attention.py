@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from kvserve.model.attention_metadata import AttentionMetadata, DecodeGroup
+from kvserve.model.paged_metadata import PagedMetadata
 
 if TYPE_CHECKING:
     from kvserve.model.flex_metadata import FlexMetadata
@@ -52,7 +53,7 @@ def paged_attention(
     v: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    meta: AttentionMetadata | FlexMetadata,
+    meta: AttentionMetadata | FlexMetadata | PagedMetadata,
     scale: float,
     softcap: float | None = None,
 ) -> torch.Tensor:
@@ -61,8 +62,13 @@ def paged_attention(
     Writes all of k/v first, then reads; returns [T, heads * head_dim]. With
     `softcap` the scores are soft-capped (softcap * tanh(score / softcap))
     before the mask and the softmax, as Gemma does. FlexMetadata (the "flex"
-    attention backend) sends the step to kvserve.model.flex_attention instead.
+    attention backend) sends the step to kvserve.model.flex_attention instead, and
+    PagedMetadata (the "triton" backend) to kvserve.model.triton_attention.
     """
+    if isinstance(meta, PagedMetadata):  # triton is imported for this backend only
+        from kvserve.model.triton_attention import triton_paged_attention
+
+        return triton_paged_attention(q, k, v, k_cache, v_cache, meta, scale, softcap)
     k_flat = k_cache.flatten(0, 1)
     v_flat = v_cache.flatten(0, 1)
     write_kv(k, v, k_flat, v_flat, meta)

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import torch
 from torch.nn.attention.flex_attention import BlockMask
 
+from kvserve.model.paged_metadata import block_tables
+
 BLOCK = 128
 """Key tile of the BlockMask (FlexAttention's default), and the smallest bucket."""
 Q_TILE = 128
@@ -68,7 +70,7 @@ class FlexMetadata:
         nums = torch.tensor([n for _, n, _, _ in spans], dtype=torch.long)
         skips = torch.tensor([k for _, _, _, k in spans], dtype=torch.long)
         ends = starts + nums
-        tables = _tables(spans, block_size)
+        tables = block_tables(spans, block_size)
         seqs = torch.arange(len(spans))
         # Queries: sequence id and position of every token of the batch.
         q_seq = seqs.repeat_interleave(nums)
@@ -106,22 +108,6 @@ class FlexMetadata:
             mask,
             window,
         )
-
-
-def _tables(spans: list[tuple[int, int, list[int], int]], block_size: int) -> torch.Tensor:
-    """[num_seqs, max_blocks] block tables cut to what each sequence reaches, padded with the
-    null block."""
-    rows = []
-    for start, num, table, _ in spans:
-        needed = -(-(start + num) // block_size)
-        if len(table) < needed:
-            raise ValueError(
-                f"block table of {len(table)} blocks cannot hold {start + num} tokens "
-                f"(block size {block_size})"
-            )
-        rows.append(list(table[:needed]))
-    width = max(len(r) for r in rows)
-    return torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.long)
 
 
 def _offsets(lens: torch.Tensor) -> torch.Tensor:

@@ -82,6 +82,7 @@ class ModelRunner:
         max_num_batched_tokens: int = 8192,
         max_num_seqs: int = 256,
         warmup: bool = True,
+        enforce_eager: bool = False,
     ) -> None:
         """`num_threads` (CPU only, process-wide): default $OMP_NUM_THREADS, else one per
         physical core this process may use (kvserve.model.threads says why).
@@ -90,7 +91,8 @@ class ModelRunner:
         `num_blocks` or `kv_cache_memory` the pool is `gpu_memory_utilization` of the
         device's memory after the weights and the activation peak of the largest step
         (kvserve.model.pool_size); `warmup` runs dummy steps at start on an accelerator
-        (kvserve.model.warmup)."""
+        (kvserve.model.warmup). On CUDA with the "triton" backend decode steps replay CUDA
+        graphs captured at start unless `enforce_eager` (kvserve.model.decode_graphs)."""
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.attention_backend = check_backend(attention_backend)
@@ -98,6 +100,7 @@ class ModelRunner:
         """The checkpoint as given: a Hugging Face directory, a .gguf file, or a directory
         holding one (kvserve.model.checkpoint resolves it wherever it is read)."""
         self.device = default_device() if device is None else resolve_device(device)
+        check_backend(attention_backend, self.device)
         self.dtype = resolve_dtype(dtype, self.device)
         if self.dtype == torch.float16 and self.device.type == "cpu":
             logger.warning(CPU_FLOAT16_WARNING)
@@ -125,6 +128,9 @@ class ModelRunner:
         self._generators: dict[str, torch.Generator] = {}
         self._default_generator = torch.Generator(device=self.device)
         self._default_generator.manual_seed(seed)
+        self.decode_graphs: Any | None = None
+        """kvserve.model.decode_graphs.DecodeGraphs where decode steps replay CUDA graphs
+        (set once the pool is there; the memory profile and the warm-up run eagerly)."""
         self.kv_tensors: list[tuple[torch.Tensor, torch.Tensor]] = []
         """One (K, V) pair per position inside a group: every group's block ids index
         the same tensors, and layer l uses the pair at its slot."""
@@ -165,6 +171,15 @@ class ModelRunner:
             from kvserve.model.warmup import warm_up
 
             warm_up(self, max_num_seqs, max_num_batched_tokens)
+        if (
+            self.device.type == "cuda"
+            and self.attention_backend == "triton"
+            and not enforce_eager
+            and not self.state_groups
+        ):
+            from kvserve.model.decode_graphs import DecodeGraphs
+
+            self.decode_graphs = DecodeGraphs(self, max_num_seqs)
 
     def allocate_pool(
         self, num_blocks: int
@@ -190,6 +205,7 @@ class ModelRunner:
         """
         self.kv_tensors.clear()
         self.kv_caches.clear()
+        self.decode_graphs = None  # its graphs hold their own memory pool
         self.model = None
         self._generators.clear()
         if self.device.type == "cuda":
@@ -220,10 +236,6 @@ class ModelRunner:
             input_ids.extend(chunk.new_token_ids)
             positions.extend(range(chunk.plan.start, chunk.plan.end))
         device = self.device
-        group_metas = step_metadata(
-            chunks, self.kv_cache_specs, self.block_size, device, self.attention_backend
-        )
-        meta = [group_metas[g] for g in self.layer_groups.layer_group]
         rows, sampled = [], []
         last = -1
         for chunk in chunks:
@@ -232,12 +244,18 @@ class ModelRunner:
                 rows.append(last)
                 sampled.append(chunk)
         with torch.inference_mode():
-            hidden = self.model(
-                torch.tensor(input_ids, dtype=torch.long, device=device),
-                torch.tensor(positions, dtype=torch.long, device=device),
-                self.kv_caches,
-                meta,
-            )
+            graphs = self.decode_graphs
+            hidden = None if graphs is None else graphs.forward(chunks)
+            if hidden is None:
+                group_metas = step_metadata(
+                    chunks, self.kv_cache_specs, self.block_size, device, self.attention_backend
+                )
+                hidden = self.model(
+                    torch.tensor(input_ids, dtype=torch.long, device=device),
+                    torch.tensor(positions, dtype=torch.long, device=device),
+                    self.kv_caches,
+                    [group_metas[g] for g in self.layer_groups.layer_group],
+                )
             if not rows:
                 return StepOutput([None] * len(chunks))
             tokens, logprobs = self._sample(self.model.compute_logits(hidden[rows]), sampled)

@@ -2,12 +2,15 @@
 group, handed to each layer by its group.
 
 An attention group gets the attention backend's metadata (kvserve.model.attention_metadata
-for "plain", kvserve.model.flex_metadata for "flex"), a Mamba state group a
+for "plain", kvserve.model.flex_metadata for "flex", kvserve.model.paged_metadata for
+"triton"), a Mamba state group a
 StateMetadata (kvserve.model.mamba2). Both come from the chunks' plans only.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -24,18 +27,37 @@ def _flex_build(*args: Any) -> Any:
     return FlexMetadata.build(*args)
 
 
+def _triton_build(*args: Any) -> Any:
+    from kvserve.model.paged_metadata import PagedMetadata
+
+    return PagedMetadata.build(*args)
+
+
 METADATA_BUILDERS: dict[str, Callable[..., Any]] = {
     "plain": AttentionMetadata.build,
     "flex": _flex_build,
+    "triton": _triton_build,
 }
 """Per attention backend (EngineArgs.attention_backend), its metadata builder."""
 
 
-def check_backend(name: str) -> str:
+def check_backend(name: str, device: torch.device | None = None) -> str:
+    """The backend's name if it exists and can run on `device` (checked once known)."""
     if name not in METADATA_BUILDERS:
         raise ValueError(
             f"attention_backend must be one of {', '.join(METADATA_BUILDERS)}, got {name!r}"
         )
+    if name == "triton" and device is not None:
+        if importlib.util.find_spec("triton") is None:
+            raise ValueError(
+                "attention_backend 'triton' needs the triton package (CUDA builds of torch "
+                "install it; else pip install triton)"
+            )
+        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError(
+                f"attention_backend 'triton' runs on CUDA, not on {device.type} (on the CPU "
+                "only in Triton's slow interpreter, TRITON_INTERPRET=1, for tests)"
+            )
     return name
 
 

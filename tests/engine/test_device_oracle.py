@@ -5,7 +5,10 @@ Qwen3, Gemma 3 and Bamba, with prefix caching (and hits), without it, with
 chunked prefill and under preemption; bfloat16 runs end to end with prefix
 hits. The prompts, options and checks are those of the CPU tests
 (test_llm, test_gemma3, test_bamba_engine, hybrid_rounds); only the device
-differs. `KVSERVE_TEST_DEVICE=cpu` runs this file on the CPU.
+differs. Each runs on the plain attention backend and on the Triton one, with its
+decode CUDA graphs (Bamba: eager, its Mamba layers have none) and without them
+(enforce_eager). `KVSERVE_TEST_DEVICE=cpu` runs this file on the CPU (Triton in its
+interpreter, no graphs).
 """
 
 from __future__ import annotations
@@ -42,17 +45,25 @@ FAMILIES = {
 }
 
 
+BACKENDS = {
+    "plain": {},
+    "triton-graphs": {"attention_backend": "triton"},
+    "triton-eager": {"attention_backend": "triton", "enforce_eager": True},
+}
+
+
 def checkpoint(arch: str, request: pytest.FixtureRequest):
     """The session checkpoint of `arch`, built only when a test asks for it."""
     found = request.getfixturevalue(FAMILIES[arch].fixture)
     return found[arch] if isinstance(found, dict) else found
 
 
+@pytest.mark.parametrize("backend", list(BACKENDS))
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("arch", list(FAMILIES))
-def test_float32_greedy_equals_transformers(arch, mode, request):
+def test_float32_greedy_equals_transformers(arch, mode, backend, request):
     family, ck = FAMILIES[arch], checkpoint(arch, request)
-    options = dict(MODES[mode])
+    options = dict(MODES[mode]) | BACKENDS[backend]
     if mode == "preempt":
         options["num_kv_blocks"] = family.preempt_blocks
     llm = family.tests.make(ck, device=DEVICE, **options)
@@ -62,11 +73,12 @@ def test_float32_greedy_equals_transformers(arch, mode, request):
     two_rounds(llm, ck, prompts, greedy, mode, expect_hits=mode != "preempt")
 
 
+@pytest.mark.parametrize("backend", list(BACKENDS))
 @pytest.mark.parametrize("arch", list(FAMILIES))
-def test_bfloat16_end_to_end_with_prefix_hits(arch, request):
+def test_bfloat16_end_to_end_with_prefix_hits(arch, backend, request):
     family, ck = FAMILIES[arch], checkpoint(arch, request)
     prompts, greedy = family.tests.PROMPTS, family.tests.GREEDY
-    llm = family.tests.make(ck, device=DEVICE, dtype="bfloat16")
+    llm = family.tests.make(ck, device=DEVICE, dtype="bfloat16", **BACKENDS[backend])
     assert str(llm.engine.runner.dtype) == "torch.bfloat16"
     first = llm.generate(prompts, greedy, use_tqdm=False)
     again = llm.generate(prompts, greedy, use_tqdm=False)

@@ -1,0 +1,101 @@
+"""The Triton backend against the plain path, and end to end against transformers.
+
+Without CUDA the kernels run in Triton's interpreter: the same kernel code a GPU
+compiles, executed with numpy (tl.dot's shape rules and masks included), so these
+checks hold the kernels' indexing, masking and online softmax; speed is a GPU's matter.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvserve.model import ModelRunner
+from kvserve.model.attention_metadata import AttentionMetadata
+from kvserve.model.paged_metadata import NOT_WRITTEN, PagedMetadata
+from tests.model.attention_steps import CPU, random_step, run_paths
+from tests.model.backend_oracle import two_rounds
+
+pytest.importorskip("triton")
+
+
+def both_paths(spans, window=None, softcap=None, seed=0, **shape):
+    return run_paths((AttentionMetadata.build, PagedMetadata.build), spans, window, softcap,
+                     seed, **shape)  # fmt: skip
+
+
+def assert_same(results) -> None:
+    (plain, plain_caches), (triton, triton_caches) = results
+    torch.testing.assert_close(triton, plain, rtol=1e-5, atol=1e-5)
+    for a, b in zip(triton_caches, plain_caches, strict=True):
+        assert torch.equal(a, b)  # the same slots written, with the same values
+
+
+@pytest.mark.parametrize(
+    ("window", "softcap"), [(None, None), (5, None), (None, 3.0), (3, 30.0)]
+)  # fmt: skip
+def test_mixed_step_equals_the_plain_path(window, softcap):
+    """Fresh prefill, its cached twin reading what it writes in this step, a chunk over
+    cached context and decodes sharing prompt blocks, on shuffled blocks."""
+    spans = random_step(window or 0, prefill=9, chunk=(10, 7), decodes=[17, 20, 23, 5])
+    assert_same(both_paths(spans, window, softcap))
+
+
+@pytest.mark.parametrize("window", [None, 6])
+def test_query_tiles_and_key_tiles_cross_blocks(window):
+    """A 70-token prefill spans three query tiles of 32 tokens; chunks start and end
+    mid-block and on block boundaries; keys run over many 16-key tiles."""
+    spans = random_step(7, prefill=70, chunk=(32, 21), decodes=[16, 17, 20])
+    assert_same(both_paths(spans, window, seed=1))
+
+
+def test_uneven_heads_dims_and_blocks():
+    """3 query heads per kv head (rows padded to 4), head_dim 24 (padded to 32) and
+    blocks of 6 tokens (a Mamba hybrid's inflated block is no power of two)."""
+    spans = random_step(5, prefill=13, chunk=(7, 9), decodes=[25, 26, 31], block_size=6)
+    assert_same(both_paths(spans, 4, 20.0, seed=2, block_size=6, heads=6, kv_heads=2, dim=24))
+
+
+def test_decodes_only_and_no_written_tokens():
+    spans = random_step(3, prefill=2, chunk=(40, 2), decodes=[17, 18, 19, 30, 33])
+    decodes = [s for s in spans if s[1] == 1]
+    assert_same(both_paths(decodes, seed=3))
+    cached = [(0, n, table, n) for start, n, table, _ in spans if start == 0]
+    assert_same(both_paths(cached, seed=4))  # every token's K/V cached: nothing written
+
+
+def test_metadata_packs_slots_tables_and_starts():
+    meta = PagedMetadata.build([(5, 3, [7, 9, 4], 6), (0, 1, [2], 0)], 4, CPU)
+    assert meta.slots.tolist() == [NOT_WRITTEN, 9 * 4 + 2, 9 * 4 + 3, 2 * 4]
+    assert meta.query_start.tolist() == [0, 3, 4]
+    assert meta.seq_starts.tolist() == [5, 0]
+    assert meta.block_tables.tolist() == [[7, 9], [2, 0]]
+    assert (meta.num_seqs, meta.max_query_len) == (2, 3)
+
+
+def test_a_write_into_the_null_block_is_refused():
+    with pytest.raises(ValueError, match="position 4 would be written into the null block"):
+        PagedMetadata.build([(2, 3, [5, 0], 0)], 4, CPU)
+    with pytest.raises(ValueError, match="cannot hold 5 tokens"):
+        PagedMetadata.build([(0, 5, [1], 0)], 4, CPU)
+
+
+def test_llama_greedy_equals_transformers(llama):
+    """Prefills chunked and mixed with decodes, prefix hits in the second round."""
+    two_rounds(llama, backend="triton", max_num_batched_tokens=7)
+
+
+def test_gemma3_sliding_windows_equal_transformers(gemma3_checkpoint):
+    two_rounds(gemma3_checkpoint, backend="triton", max_num_batched_tokens=7)
+
+
+def test_bamba_attention_layer_equals_transformers(bamba_checkpoint):
+    """Mamba2 layers keep their own path; the attention layer reads blocks inflated to
+    hold a state page."""
+    two_rounds(bamba_checkpoint, backend="triton", max_num_batched_tokens=7)
+
+
+def test_the_cpu_refuses_the_backend_outside_the_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="'triton' runs on CUDA, not on cpu"):
+        ModelRunner("/no/such/model", block_size=4, device="cpu", attention_backend="triton")
