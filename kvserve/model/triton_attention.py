@@ -16,9 +16,10 @@ the launch grid depends only on the batch size and its longest chunk: a decode s
 fixed grid for a fixed batch size, which is what a CUDA graph needs
 (kvserve.model.decode_graphs).
 
-Triton compiles for GPUs; without CUDA this module turns on Triton's interpreter
-(TRITON_INTERPRET=1, before the kernels are defined), which runs the same kernels with
-numpy: exact and very slow, for the CPU tests only.
+Triton compiles for GPUs. On the CPU the kernels run only in Triton's interpreter
+(TRITON_INTERPRET=1 in the environment before triton is first imported), which executes
+the same kernels with numpy: exact and very slow, for tests (the runner refuses the
+backend on the CPU otherwise: kvserve.model.step_metadata.check_backend).
 """
 
 from __future__ import annotations
@@ -26,17 +27,15 @@ from __future__ import annotations
 import os
 
 import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
 import triton
 import triton.language as tl
 
 from kvserve.model.paged_metadata import PagedMetadata
 
-TILE_N = 16
-"""Keys per inner step; a page (block) may hold any number of tokens."""
+DECODE_TILE = 32
+PREFILL_TILE = 64
+"""Keys per inner step of a decode kernel and of a prefill one (its tile has more query
+rows to share each loaded key with); a page (block) may hold any number of tokens."""
 MIN_DOT = 16
 """tl.dot needs at least 16 rows and a reduction of at least 16 on a GPU."""
 
@@ -100,6 +99,7 @@ def paged_attention_kernel(
     SOFTCAP: tl.constexpr,
     WINDOW: tl.constexpr,
     PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
     """Out[t, h] = softmax over the sequence's keys p with q - window < p <= q (q: the
     token's position) of cap(Q[t, h] . K[p] * scale), times V[p]."""
@@ -123,6 +123,8 @@ def paged_attention_kernel(
             mask=row_ok[:, None] & dim_ok[None, :],
             other=0.0,
         )
+        if UPCAST:  # bfloat16 products are exact in float32: the same scores
+            q = q.to(tl.float32)
         # Keys this tile may reach: up to its last query's position, from its first
         # query's window on.
         hi = start + tl.minimum(q_tile * BLOCK_Q + BLOCK_Q, q_len)
@@ -157,6 +159,9 @@ def paged_attention_kernel(
                 mask=kv_mask,
                 other=0.0,
             )
+            if UPCAST:
+                k = k.to(tl.float32)
+                v = v.to(tl.float32)
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
             if SOFTCAP:
                 s = softcap * (2.0 * tl.sigmoid(2.0 * s / softcap) - 1.0)  # softcap * tanh
@@ -224,15 +229,15 @@ def triton_paged_attention(
     _check_cache(k_cache)
     _check_cache(v_cache)
     store_kv(k, v, k_cache, v_cache, meta.slots)
+    if q.stride(2) != 1:
+        q = q.contiguous()
     tokens, heads, dim = q.shape
     kv_heads = k_cache.shape[2]
-    group = heads // kv_heads
-    group_p2 = triton.next_power_of_2(group)
-    # A tile of a decode is its one token; a prefill's tile holds enough tokens for the
-    # rows to reach MIN_DOT (more rows: fewer passes over the same keys).
-    block_q = max(1, MIN_DOT // group_p2) if meta.max_query_len == 1 else max(1, 64 // group_p2)
-    out = torch.empty_like(q)
-    grid = (meta.num_seqs, kv_heads, triton.cdiv(meta.max_query_len, block_q))
+    constants = attention_constants(
+        q.dtype, heads, kv_heads, dim, meta.max_query_len == 1, softcap, meta.window
+    )
+    out = torch.empty(tokens, heads, dim, dtype=q.dtype, device=q.device)
+    grid = (meta.num_seqs, kv_heads, triton.cdiv(meta.max_query_len, constants["BLOCK_Q"]))
     paged_attention_kernel[grid](
         q,
         k_cache,
@@ -256,17 +261,42 @@ def triton_paged_attention(
         scale,
         0.0 if softcap is None else float(softcap),
         0 if meta.window is None else meta.window,
+        **constants,
+    )
+    return out.view(tokens, heads * dim)
+
+
+def attention_constants(
+    dtype: torch.dtype,
+    heads: int,
+    kv_heads: int,
+    dim: int,
+    decode_only: bool,
+    softcap: float | None,
+    window: int | None,
+) -> dict[str, int | bool | str]:
+    """The attention kernel's compile-time constants for one layer shape and step kind:
+    each distinct set is one compiled kernel."""
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    group = heads // kv_heads
+    group_p2 = triton.next_power_of_2(group)
+    # A tile of a decode is its one token; a prefill's tile holds enough tokens for the
+    # rows to reach MIN_DOT (more rows: fewer passes over the same keys).
+    block_q = max(1, (MIN_DOT if decode_only else 64) // group_p2)
+    return dict(
         GROUP=group,
         GROUP_P2=group_p2,
         BLOCK_Q=block_q,
         HEAD_DIM=dim,
         HEAD_DIM_P2=max(MIN_DOT, triton.next_power_of_2(dim)),
-        TILE=TILE_N,
+        TILE=DECODE_TILE if decode_only else PREFILL_TILE,
         SOFTCAP=softcap is not None,
-        WINDOW=meta.window is not None,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        WINDOW=window is not None,
+        # float32 stays float32 (no TF32): the oracle tests compare greedy tokens.
+        PRECISION="ieee" if dtype == torch.float32 or interpreted else "tf32",
+        # Triton 3.9's interpreter multiplies bfloat16 matrices wrongly: it gets float32.
+        UPCAST=interpreted and dtype == torch.bfloat16,
     )
-    return out.view(tokens, heads * dim)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:

@@ -13,6 +13,7 @@ interpreter, no graphs).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -45,11 +46,19 @@ FAMILIES = {
 }
 
 
+_ON_CUDA = pytest.mark.skipif(
+    DEVICE == "cpu" and os.environ.get("KVSERVE_TEST_TRITON_ON_CPU") != "1",
+    reason="Triton on the CPU is its interpreter, ~45 s a test (KVSERVE_TEST_TRITON_ON_CPU=1 "
+    "runs them); tests/model/test_triton_attention.py checks its kernels on the CPU",
+)
 BACKENDS = {
     "plain": {},
     "triton-graphs": {"attention_backend": "triton"},
     "triton-eager": {"attention_backend": "triton", "enforce_eager": True},
 }
+BACKEND_PARAMS = [
+    pytest.param(name, marks=() if name == "plain" else _ON_CUDA) for name in BACKENDS
+]
 
 
 def checkpoint(arch: str, request: pytest.FixtureRequest):
@@ -58,7 +67,7 @@ def checkpoint(arch: str, request: pytest.FixtureRequest):
     return found[arch] if isinstance(found, dict) else found
 
 
-@pytest.mark.parametrize("backend", list(BACKENDS))
+@pytest.mark.parametrize("backend", BACKEND_PARAMS)
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("arch", list(FAMILIES))
 def test_float32_greedy_equals_transformers(arch, mode, backend, request):
@@ -73,7 +82,7 @@ def test_float32_greedy_equals_transformers(arch, mode, backend, request):
     two_rounds(llm, ck, prompts, greedy, mode, expect_hits=mode != "preempt")
 
 
-@pytest.mark.parametrize("backend", list(BACKENDS))
+@pytest.mark.parametrize("backend", BACKEND_PARAMS)
 @pytest.mark.parametrize("arch", list(FAMILIES))
 def test_bfloat16_end_to_end_with_prefix_hits(arch, backend, request):
     family, ck = FAMILIES[arch], checkpoint(arch, request)

@@ -53,17 +53,18 @@ def run_paths(
     heads: int = HEADS,
     kv_heads: int = KV_HEADS,
     dim: int = DIM,
+    dtype: torch.dtype = torch.float32,
 ):
     """(outputs, caches after the step) of each metadata builder's path, all from the same
     random cache (its null block zero) and the same q/k/v."""
     gen = torch.Generator().manual_seed(seed)
-    k_cache = torch.randn(NUM_BLOCKS, block_size, kv_heads, dim, generator=gen)
-    v_cache = torch.randn(NUM_BLOCKS, block_size, kv_heads, dim, generator=gen)
+    k_cache = torch.randn(NUM_BLOCKS, block_size, kv_heads, dim, generator=gen).to(dtype)
+    v_cache = torch.randn(NUM_BLOCKS, block_size, kv_heads, dim, generator=gen).to(dtype)
     k_cache[0] = v_cache[0] = 0  # the null block
     tokens = sum(num for _, num, _, _ in spans)
-    q = torch.randn(tokens, heads, dim, generator=gen)
-    k = torch.randn(tokens, kv_heads, dim, generator=gen)
-    v = torch.randn(tokens, kv_heads, dim, generator=gen)
+    q = torch.randn(tokens, heads, dim, generator=gen).to(dtype)
+    k = torch.randn(tokens, kv_heads, dim, generator=gen).to(dtype)
+    v = torch.randn(tokens, kv_heads, dim, generator=gen).to(dtype)
     results = []
     for build in builders:
         caches = k_cache.clone(), v_cache.clone()

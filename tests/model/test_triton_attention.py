@@ -43,9 +43,9 @@ def test_mixed_step_equals_the_plain_path(window, softcap):
 
 @pytest.mark.parametrize("window", [None, 6])
 def test_query_tiles_and_key_tiles_cross_blocks(window):
-    """A 70-token prefill spans three query tiles of 32 tokens; chunks start and end
-    mid-block and on block boundaries; keys run over many 16-key tiles."""
-    spans = random_step(7, prefill=70, chunk=(32, 21), decodes=[16, 17, 20])
+    """A 70-token prefill spans three query tiles of 32 tokens; a chunk starts mid-block
+    after 90 cached tokens; keys run over several 64-key tiles."""
+    spans = random_step(7, prefill=70, chunk=(90, 21), decodes=[16, 17, 20, 130])
     assert_same(both_paths(spans, window, seed=1))
 
 
@@ -54,6 +54,17 @@ def test_uneven_heads_dims_and_blocks():
     blocks of 6 tokens (a Mamba hybrid's inflated block is no power of two)."""
     spans = random_step(5, prefill=13, chunk=(7, 9), decodes=[25, 26, 31], block_size=6)
     assert_same(both_paths(spans, 4, 20.0, seed=2, block_size=6, heads=6, kv_heads=2, dim=24))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_within_rounding_of_the_plain_path(dtype):
+    """The half-precision kernels (on a GPU: tensor-core products, float32 softmax)."""
+    spans = random_step(9, prefill=20, chunk=(10, 7), decodes=[17, 40])
+    (plain, plain_caches), (triton, triton_caches) = both_paths(spans, 5, 30.0, dtype=dtype)
+    assert triton.dtype == dtype
+    torch.testing.assert_close(triton.float(), plain.float(), rtol=0, atol=3e-2)
+    for a, b in zip(triton_caches, plain_caches, strict=True):
+        assert torch.equal(a, b)
 
 
 def test_decodes_only_and_no_written_tokens():

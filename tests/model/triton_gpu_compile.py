@@ -1,0 +1,97 @@
+"""Compile the Triton kernels for NVIDIA GPUs on a machine without one; prints JSON.
+
+Triton's compiler (with the ptxas its wheel ships) builds a kernel for a named target
+without a GPU or a driver: a kernel that a GPU cannot compile (a tl.dot below 16 rows,
+a mixed-type loop variable, a shape that is no power of two) fails here as it would on
+the GPU. The constants are the launcher's own (attention_constants). Run in a process
+without TRITON_INTERPRET (the interpreter replaces the kernels when it is on).
+
+    python tests/model/triton_gpu_compile.py   # from the repository root
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+
+import torch
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, compile
+
+from kvserve.model.triton_attention import (
+    attention_constants,
+    paged_attention_kernel,
+    store_kv_kernel,
+)
+
+TARGETS = {"sm_80 (A100)": 80, "sm_90 (H100)": 90}
+TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+POINTERS = {"Q", "k_cache", "v_cache", "Out", "K", "V"}
+INDEX_POINTERS = {"query_start", "seq_starts", "block_tables", "slots"}
+FLOATS = {"scale", "softcap"}
+
+# (name, dtype, heads, kv_heads, head_dim, softcap, window): real models' layer shapes
+# and the tests' tiny ones.
+SHAPES = [
+    ("Qwen3-0.6B", torch.bfloat16, 16, 8, 128, None, None),
+    ("SmolLM2-135M", torch.bfloat16, 9, 3, 64, None, None),
+    ("Gemma 3 1B sliding", torch.bfloat16, 4, 1, 256, None, 512),
+    ("soft-capped, windowed", torch.float16, 8, 4, 128, 50.0, 4096),
+    ("tiny float32", torch.float32, 4, 2, 16, None, None),
+    ("tiny float32 windowed, capped", torch.float32, 6, 2, 24, 20.0, 3),
+]
+
+
+def signature(kernel, dtype: torch.dtype, constants: dict) -> dict[str, str]:
+    types = {}
+    for name in kernel.arg_names:
+        if name in constants:
+            types[name] = "constexpr"
+        elif name in POINTERS:
+            types[name] = f"*{TYPES[dtype]}"
+        elif name in INDEX_POINTERS:
+            types[name] = "*i64"
+        else:
+            types[name] = "fp32" if name in FLOATS else "i32"
+    return types
+
+
+def build(kernel, dtype: torch.dtype, constants: dict, target: int) -> str:
+    """The kernel's PTX for the target (raises where the GPU's compiler would)."""
+    source = ASTSource(kernel, signature(kernel, dtype, constants), constexprs=constants)
+    return compile(source, target=GPUTarget("cuda", target, 32)).asm["ptx"]
+
+
+def main() -> int:
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise SystemExit("run without TRITON_INTERPRET=1: the interpreter replaces the kernels")
+    results = []
+    for target_name, target in TARGETS.items():
+        for name, dtype, heads, kv_heads, dim, softcap, window in SHAPES:
+            for decode_only in (True, False):
+                constants = attention_constants(
+                    dtype, heads, kv_heads, dim, decode_only, softcap, window
+                )
+                ptx = build(paged_attention_kernel, dtype, constants, target)
+                results.append(
+                    {
+                        "kernel": "attention",
+                        "target": target_name,
+                        "shape": name,
+                        "dtype": TYPES[dtype],
+                        "step": "decode" if decode_only else "prefill",
+                        "tensor_core_ops": len(re.findall(r"\b(?:wg)?mma\.", ptx)),
+                    }
+                )
+            row = kv_heads * dim
+            store = {"ROW": row, "ROW_P2": 1 << (row - 1).bit_length()}
+            build(store_kv_kernel, dtype, store, target)
+            results.append({"kernel": "store_kv", "target": target_name, "shape": name})
+    print(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
