@@ -11,12 +11,19 @@ import pytest
 import torch
 
 from kvserve.model import ModelRunner
+from kvserve.model.attention import paged_attention
 from kvserve.model.attention_metadata import AttentionMetadata
 from kvserve.model.paged_metadata import NOT_WRITTEN, PagedMetadata
 from tests.model.attention_steps import CPU, random_step, run_paths
 from tests.model.backend_oracle import two_rounds
 
 pytest.importorskip("triton")
+
+from kvserve.model.triton_attention import (
+    MAX_SPLITS,
+    decode_splits,
+    triton_paged_attention,
+)
 
 
 def both_paths(spans, window=None, softcap=None, seed=0, **shape):
@@ -110,3 +117,36 @@ def test_the_cpu_refuses_the_backend_outside_the_interpreter(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(ValueError, match="'triton' runs on CUDA, not on cpu"):
         ModelRunner("/no/such/model", block_size=4, device="cpu", attention_backend="triton")
+
+
+@pytest.mark.parametrize(("window", "softcap", "dtype"), [
+    (None, None, torch.float32), (5, 30.0, torch.float32), (None, None, torch.bfloat16),
+])  # fmt: skip
+@pytest.mark.parametrize("splits", [2, 4, 16])
+def test_split_contexts_merge_to_the_plain_path(splits, window, softcap, dtype):
+    """Decodes with each context cut into `splits` ranges of whole key tiles: ranges past a
+    short context (or before a window) see no key and must weigh nothing in the merge."""
+    spans = [s for s in random_step(11, 2, (40, 2), [5, 17, 33, 70, 130]) if s[1] == 1]
+    gen = torch.Generator().manual_seed(5)
+    k_cache, v_cache = (torch.randn(160, 4, 2, 16, generator=gen).to(dtype) for _ in range(2))
+    k_cache[0] = v_cache[0] = 0
+    q, k, v = (torch.randn(len(spans), h, 16, generator=gen).to(dtype) for h in (4, 2, 2))
+    outs = []
+    for build in (AttentionMetadata.build, PagedMetadata.build):
+        meta = build(spans, 4, CPU, window)
+        caches = k_cache.clone(), v_cache.clone()
+        if isinstance(meta, PagedMetadata):
+            out = triton_paged_attention(q, k, v, *caches, meta, 0.25, softcap, splits=splits)
+        else:
+            out = paged_attention(q, k, v, *caches, meta, 0.25, softcap)
+        outs.append(out.float())
+    tolerance = 1e-5 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(outs[1], outs[0], rtol=tolerance, atol=tolerance)
+
+
+def test_decode_splits_fill_the_multiprocessors_only_on_cuda():
+    assert decode_splits(4, CPU) == 1
+    if torch.cuda.is_available():
+        gpu = torch.device("cuda")
+        assert decode_splits(1, gpu) == MAX_SPLITS  # one sequence, one kv head
+        assert decode_splits(256 * 8, gpu) == 1  # a full batch fills the GPU by itself

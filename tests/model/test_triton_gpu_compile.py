@@ -31,8 +31,9 @@ def test_every_kernel_variant_compiles_for_a100_and_h100():
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(proc.stdout.strip().splitlines()[-1])
     attention = [r for r in rows if r["kernel"] == "attention"]
-    assert len(attention) == 2 * 6 * 2  # targets x shapes x (decode, prefill)
-    assert len(rows) - len(attention) == 2 * 6  # store_kv per target and shape
+    assert len(attention) == 2 * 6 * 3  # targets x shapes x (decode, split decode, prefill)
+    others = sorted(r["kernel"] for r in rows if r["kernel"] != "attention")
+    assert others == ["merge_splits"] * 12 + ["store_kv"] * 12  # per target and shape
     for row in attention:
         if row["dtype"] == "fp32":  # exact float32: no TF32 tensor-core products
             assert row["tensor_core_ops"] == 0, row

@@ -20,8 +20,9 @@ import torch
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile
 
-from kvserve.model.triton_attention import (
-    attention_constants,
+from kvserve.model.triton_attention import attention_constants
+from kvserve.model.triton_kernels import (
+    merge_splits_kernel,
     paged_attention_kernel,
     store_kv_kernel,
 )
@@ -30,6 +31,7 @@ TARGETS = {"sm_80 (A100)": 80, "sm_90 (H100)": 90}
 TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 POINTERS = {"Q", "k_cache", "v_cache", "Out", "K", "V"}
 INDEX_POINTERS = {"query_start", "seq_starts", "block_tables", "slots"}
+FLOAT_POINTERS = {"Part", "Lse"}  # a split decode's float32 partial results
 FLOATS = {"scale", "softcap"}
 
 # (name, dtype, heads, kv_heads, head_dim, softcap, window): real models' layer shapes
@@ -44,6 +46,10 @@ SHAPES = [
 ]
 
 
+STEPS = [("decode", True, 1), ("split decode", True, 8), ("prefill", False, 1)]
+"""(name, decodes only, splits) of the kernel variants a step launches."""
+
+
 def signature(kernel, dtype: torch.dtype, constants: dict) -> dict[str, str]:
     types = {}
     for name in kernel.arg_names:
@@ -53,6 +59,8 @@ def signature(kernel, dtype: torch.dtype, constants: dict) -> dict[str, str]:
             types[name] = f"*{TYPES[dtype]}"
         elif name in INDEX_POINTERS:
             types[name] = "*i64"
+        elif name in FLOAT_POINTERS:
+            types[name] = "*fp32"
         else:
             types[name] = "fp32" if name in FLOATS else "i32"
     return types
@@ -70,9 +78,9 @@ def main() -> int:
     results = []
     for target_name, target in TARGETS.items():
         for name, dtype, heads, kv_heads, dim, softcap, window in SHAPES:
-            for decode_only in (True, False):
+            for step, decode_only, splits in STEPS:
                 constants = attention_constants(
-                    dtype, heads, kv_heads, dim, decode_only, softcap, window
+                    dtype, heads, kv_heads, dim, decode_only, softcap, window, splits
                 )
                 ptx = build(paged_attention_kernel, dtype, constants, target)
                 results.append(
@@ -81,10 +89,13 @@ def main() -> int:
                         "target": target_name,
                         "shape": name,
                         "dtype": TYPES[dtype],
-                        "step": "decode" if decode_only else "prefill",
+                        "step": step,
                         "tensor_core_ops": len(re.findall(r"\b(?:wg)?mma\.", ptx)),
                     }
                 )
+            merge = {"HEAD_DIM": dim, "HEAD_DIM_P2": constants["HEAD_DIM_P2"], "SPLITS": 8}
+            build(merge_splits_kernel, dtype, merge, target)
+            results.append({"kernel": "merge_splits", "target": target_name, "shape": name})
             row = kv_heads * dim
             store = {"ROW": row, "ROW_P2": 1 << (row - 1).bit_length()}
             build(store_kv_kernel, dtype, store, target)
