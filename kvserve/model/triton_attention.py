@@ -38,12 +38,15 @@ from kvserve.model.triton_kernels import (
     store_kv_kernel,
 )
 
-DECODE_TILE = 32
-PREFILL_TILE = 64
-"""Keys per inner step of a decode kernel and of a prefill one (its tile has more query
-rows to share each loaded key with); a page (block) may hold any number of tokens."""
 MIN_DOT = 16
 """tl.dot needs at least 16 rows and a reduction of at least 16 on a GPU."""
+PREFILL_SIZES = {256: (64, 64), 512: (64, 32), 1024: (32, 16)}
+"""Bytes of one head row (head_dim, padded, times the element size) -> query rows and keys
+per inner step of a prefill kernel: as large as keeps its shared memory under the 99 KiB
+that every NVIDIA GPU since Ampere can give a kernel (a test compiles every variant and
+checks). A decode kernel has MIN_DOT rows (its token's query heads, padded) and
+DECODE_TILE keys."""
+DECODE_TILE = 32
 
 
 def store_kv(
@@ -187,16 +190,18 @@ def attention_constants(
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"
     group = heads // kv_heads
     group_p2 = triton.next_power_of_2(group)
-    # A tile of a decode is its one token; a prefill's tile holds enough tokens for the
-    # rows to reach MIN_DOT (more rows: fewer passes over the same keys).
-    block_q = max(1, (MIN_DOT if decode_only else 64) // group_p2)
+    dim_p2 = max(MIN_DOT, triton.next_power_of_2(dim))
+    row_bytes = dim_p2 * torch.empty((), dtype=dtype).element_size()
+    rows, tile = (MIN_DOT, DECODE_TILE)
+    if not decode_only:  # more rows: fewer passes over the same keys
+        rows, tile = next((v for k, v in PREFILL_SIZES.items() if row_bytes <= k), (16, 16))
     return dict(
         GROUP=group,
         GROUP_P2=group_p2,
-        BLOCK_Q=block_q,
+        BLOCK_Q=max(1, rows // group_p2),  # a decode's tile is its one token
         HEAD_DIM=dim,
-        HEAD_DIM_P2=max(MIN_DOT, triton.next_power_of_2(dim)),
-        TILE=DECODE_TILE if decode_only else PREFILL_TILE,
+        HEAD_DIM_P2=dim_p2,
+        TILE=tile,
         SOFTCAP=softcap is not None,
         WINDOW=window is not None,
         # float32 stays float32 (no TF32): the oracle tests compare greedy tokens.

@@ -41,6 +41,8 @@ SHAPES = [
     ("SmolLM2-135M", torch.bfloat16, 9, 3, 64, None, None),
     ("Gemma 3 1B sliding", torch.bfloat16, 4, 1, 256, None, 512),
     ("soft-capped, windowed", torch.float16, 8, 4, 128, 50.0, 4096),
+    ("Qwen3-0.6B float32", torch.float32, 16, 8, 128, None, None),
+    ("Gemma 3 1B float32", torch.float32, 4, 1, 256, None, 512),
     ("tiny float32", torch.float32, 4, 2, 16, None, None),
     ("tiny float32 windowed, capped", torch.float32, 6, 2, 24, 20.0, 3),
 ]
@@ -66,10 +68,12 @@ def signature(kernel, dtype: torch.dtype, constants: dict) -> dict[str, str]:
     return types
 
 
-def build(kernel, dtype: torch.dtype, constants: dict, target: int) -> str:
-    """The kernel's PTX for the target (raises where the GPU's compiler would)."""
+def build(kernel, dtype: torch.dtype, constants: dict, target: int) -> tuple[str, int]:
+    """The kernel's PTX for the target (raises where the GPU's compiler would), and the
+    shared memory one program needs."""
     source = ASTSource(kernel, signature(kernel, dtype, constants), constexprs=constants)
-    return compile(source, target=GPUTarget("cuda", target, 32)).asm["ptx"]
+    compiled = compile(source, target=GPUTarget("cuda", target, 32))
+    return compiled.asm["ptx"], compiled.metadata.shared
 
 
 def main() -> int:
@@ -82,7 +86,7 @@ def main() -> int:
                 constants = attention_constants(
                     dtype, heads, kv_heads, dim, decode_only, softcap, window, splits
                 )
-                ptx = build(paged_attention_kernel, dtype, constants, target)
+                ptx, shared = build(paged_attention_kernel, dtype, constants, target)
                 results.append(
                     {
                         "kernel": "attention",
@@ -90,16 +94,19 @@ def main() -> int:
                         "shape": name,
                         "dtype": TYPES[dtype],
                         "step": step,
+                        "shared_bytes": shared,
                         "tensor_core_ops": len(re.findall(r"\b(?:wg)?mma\.", ptx)),
                     }
                 )
             merge = {"HEAD_DIM": dim, "HEAD_DIM_P2": constants["HEAD_DIM_P2"], "SPLITS": 8}
-            build(merge_splits_kernel, dtype, merge, target)
-            results.append({"kernel": "merge_splits", "target": target_name, "shape": name})
+            _, shared = build(merge_splits_kernel, dtype, merge, target)
+            results.append({"kernel": "merge_splits", "target": target_name, "shape": name,
+                            "shared_bytes": shared})  # fmt: skip
             row = kv_heads * dim
             store = {"ROW": row, "ROW_P2": 1 << (row - 1).bit_length()}
-            build(store_kv_kernel, dtype, store, target)
-            results.append({"kernel": "store_kv", "target": target_name, "shape": name})
+            _, shared = build(store_kv_kernel, dtype, store, target)
+            results.append({"kernel": "store_kv", "target": target_name, "shape": name,
+                            "shared_bytes": shared})  # fmt: skip
     print(json.dumps(results))
     return 0
 
