@@ -71,8 +71,10 @@ def signature(kernel, dtype: torch.dtype, constants: dict) -> dict[str, str]:
 def build(kernel, dtype: torch.dtype, constants: dict, target: int) -> tuple[str, int]:
     """The kernel's PTX for the target (raises where the GPU's compiler would), and the
     shared memory one program needs."""
+    constants = dict(constants)
+    options = {"num_warps": constants.pop("num_warps", 4)}
     source = ASTSource(kernel, signature(kernel, dtype, constants), constexprs=constants)
-    compiled = compile(source, target=GPUTarget("cuda", target, 32))
+    compiled = compile(source, target=GPUTarget("cuda", target, 32), options=options)
     return compiled.asm["ptx"], compiled.metadata.shared
 
 
