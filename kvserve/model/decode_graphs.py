@@ -151,11 +151,17 @@ class DecodeGraphs:
         pool = None
         with torch.inference_mode():
             for bucket in reversed(self.buckets):
-                self._run(bucket)  # compiles the kernels and settles lazy allocations first
-                torch.cuda.synchronize(self.runner.device)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    hidden = self._run(bucket)
+                try:
+                    self._run(bucket)  # compiles the kernels, settles lazy allocations
+                    torch.cuda.synchronize(self.runner.device)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=pool):
+                        hidden = self._run(bucket)
+                except torch.cuda.OutOfMemoryError:
+                    raise ValueError(  # the CLI prints it as one line, as a pool refusal
+                        f"out of GPU memory capturing the CUDA graph of {bucket} decodes: "
+                        "lower gpu_memory_utilization or max_num_seqs, or set enforce_eager"
+                    ) from None
                 pool = graph.pool()
                 self.graphs[bucket] = (graph, hidden)
         torch.cuda.synchronize(self.runner.device)
