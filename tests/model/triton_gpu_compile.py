@@ -15,6 +15,7 @@ import json
 import os
 import re
 import sys
+from concurrent.futures import ProcessPoolExecutor
 
 import torch
 from triton.backends.compiler import GPUTarget
@@ -78,38 +79,48 @@ def build(kernel, dtype: torch.dtype, constants: dict, target: int) -> tuple[str
     return compiled.asm["ptx"], compiled.metadata.shared
 
 
+def compile_shape(target_name: str, shape: tuple) -> list[dict]:
+    """Every kernel variant of one layer shape for one target, as result rows."""
+    target = TARGETS[target_name]
+    name, dtype, heads, kv_heads, dim, softcap, window = shape
+    results = []
+    for step, decode_only, splits in STEPS:
+        constants = attention_constants(
+            dtype, heads, kv_heads, dim, decode_only, softcap, window, splits
+        )
+        ptx, shared = build(paged_attention_kernel, dtype, constants, target)
+        results.append(
+            {
+                "kernel": "attention",
+                "target": target_name,
+                "shape": name,
+                "dtype": TYPES[dtype],
+                "step": step,
+                "shared_bytes": shared,
+                "tensor_core_ops": len(re.findall(r"\b(?:wg)?mma\.", ptx)),
+            }
+        )
+    merge = {"HEAD_DIM": dim, "HEAD_DIM_P2": constants["HEAD_DIM_P2"], "SPLITS": 8}
+    _, shared = build(merge_splits_kernel, dtype, merge, target)
+    results.append({"kernel": "merge_splits", "target": target_name, "shape": name,
+                    "shared_bytes": shared})  # fmt: skip
+    row = kv_heads * dim
+    store = {"ROW": row, "ROW_P2": 1 << (row - 1).bit_length()}
+    _, shared = build(store_kv_kernel, dtype, store, target)
+    results.append({"kernel": "store_kv", "target": target_name, "shape": name,
+                    "shared_bytes": shared})  # fmt: skip
+    return results
+
+
 def main() -> int:
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise SystemExit("run without TRITON_INTERPRET=1: the interpreter replaces the kernels")
-    results = []
-    for target_name, target in TARGETS.items():
-        for name, dtype, heads, kv_heads, dim, softcap, window in SHAPES:
-            for step, decode_only, splits in STEPS:
-                constants = attention_constants(
-                    dtype, heads, kv_heads, dim, decode_only, softcap, window, splits
-                )
-                ptx, shared = build(paged_attention_kernel, dtype, constants, target)
-                results.append(
-                    {
-                        "kernel": "attention",
-                        "target": target_name,
-                        "shape": name,
-                        "dtype": TYPES[dtype],
-                        "step": step,
-                        "shared_bytes": shared,
-                        "tensor_core_ops": len(re.findall(r"\b(?:wg)?mma\.", ptx)),
-                    }
-                )
-            merge = {"HEAD_DIM": dim, "HEAD_DIM_P2": constants["HEAD_DIM_P2"], "SPLITS": 8}
-            _, shared = build(merge_splits_kernel, dtype, merge, target)
-            results.append({"kernel": "merge_splits", "target": target_name, "shape": name,
-                            "shared_bytes": shared})  # fmt: skip
-            row = kv_heads * dim
-            store = {"ROW": row, "ROW_P2": 1 << (row - 1).bit_length()}
-            _, shared = build(store_kv_kernel, dtype, store, target)
-            results.append({"kernel": "store_kv", "target": target_name, "shape": name,
-                            "shared_bytes": shared})  # fmt: skip
-    print(json.dumps(results))
+    targets = [target for target in TARGETS for _ in SHAPES]
+    shapes = [shape for _ in TARGETS for shape in SHAPES]
+    # A cold compile is seconds a kernel, on one core each: use them all.
+    with ProcessPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        rows = [row for found in pool.map(compile_shape, targets, shapes) for row in found]
+    print(json.dumps(rows))
     return 0
 
 
