@@ -99,12 +99,9 @@ def test_a_write_into_the_null_block_is_refused():
 
 
 def test_llama_greedy_equals_transformers(llama):
-    """Prefills chunked and mixed with decodes, prefix hits in the second round."""
+    """Prefills chunked and mixed with decodes, prefix hits in the second round (Gemma 3's
+    windows end to end: tests/model/test_decode_graphs.py)."""
     two_rounds(llama, backend="triton", max_num_batched_tokens=7)
-
-
-def test_gemma3_sliding_windows_equal_transformers(gemma3_checkpoint):
-    two_rounds(gemma3_checkpoint, backend="triton", max_num_batched_tokens=7)
 
 
 def test_bamba_attention_layer_equals_transformers(bamba_checkpoint):
