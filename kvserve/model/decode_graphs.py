@@ -114,15 +114,14 @@ class DecodeGraphs:
         self.input_ids[:bucket].copy_(staged[:bucket])
         self.positions[:bucket].copy_(staged[bucket : 2 * bucket])
         offset = 2 * bucket
-        for g, width in enumerate(widths):
-            # pack's layout: slots [bucket], query_start [bucket + 1], starts [bucket], tables.
-            self.slots[g][:bucket].copy_(staged[offset : offset + bucket])
-            offset += 2 * bucket + 1
-            self.seq_starts[g][:bucket].copy_(staged[offset : offset + bucket])
-            offset += bucket
-            tables = staged[offset : offset + bucket * width].view(bucket, width)
-            self.tables[g][:bucket, :width].copy_(tables)
-            offset += bucket * width
+        for g, (part, width) in enumerate(zip(parts[1:], widths, strict=True)):
+            step = PagedMetadata.unpack(
+                staged[offset : offset + len(part)], bucket, bucket, width, max_query_len=1
+            )
+            self.slots[g][:bucket].copy_(step.slots)
+            self.seq_starts[g][:bucket].copy_(step.seq_starts)
+            self.tables[g][:bucket, :width].copy_(step.block_tables)
+            offset += len(part)
 
     def _metas(self, bucket: int) -> list[PagedMetadata]:
         """Per layer, its group's metadata over the first `bucket` rows of the buffers."""

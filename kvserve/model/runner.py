@@ -95,12 +95,11 @@ class ModelRunner:
         graphs captured at start unless `enforce_eager` (kvserve.model.decode_graphs)."""
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
-        self.attention_backend = check_backend(attention_backend)
         self.model_dir = Path(model_dir)
         """The checkpoint as given: a Hugging Face directory, a .gguf file, or a directory
         holding one (kvserve.model.checkpoint resolves it wherever it is read)."""
         self.device = default_device() if device is None else resolve_device(device)
-        check_backend(attention_backend, self.device)
+        self.attention_backend = check_backend(attention_backend, self.device)
         self.dtype = resolve_dtype(dtype, self.device)
         if self.dtype == torch.float16 and self.device.type == "cpu":
             logger.warning(CPU_FLOAT16_WARNING)

@@ -175,6 +175,7 @@ def _multiprocessors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+@cache
 def attention_constants(
     dtype: torch.dtype,
     heads: int,
@@ -186,12 +187,13 @@ def attention_constants(
     splits: int = 1,
 ) -> dict[str, int | bool | str]:
     """The attention kernel's compile-time constants (and its warps) for one layer shape
-    and step kind: each distinct set is one compiled kernel."""
+    and step kind: each distinct set is one compiled kernel. Asked per layer and step,
+    so cached (the dict is shared: read it, never change it)."""
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"
     group = heads // kv_heads
     group_p2 = triton.next_power_of_2(group)
     dim_p2 = max(MIN_DOT, triton.next_power_of_2(dim))
-    row_bytes = dim_p2 * torch.empty((), dtype=dtype).element_size()
+    row_bytes = dim_p2 * dtype.itemsize
     rows, tile = (MIN_DOT, DECODE_TILE)
     if not decode_only:  # more rows: fewer passes over the same keys
         rows, tile = next((v for k, v in PREFILL_SIZES.items() if row_bytes <= k), (16, 16))
