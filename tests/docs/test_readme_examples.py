@@ -1,6 +1,6 @@
-"""The README's shell examples run as written.
+"""The shell examples of the README and of docs/*.md run as written.
 
-Every ```bash block after the first (the setup commands, which
+Every ```bash block of those pages but the README's first (the setup commands, which
 tests/structure/test_promises.py checks against CI) runs in bash, with `kvserve` from
 this environment, in a fresh directory that is also its $HOME. A block that cannot run
 here (a server, a watcher, a placeholder path, a file from the network) has the comment
@@ -23,51 +23,59 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 NOT_RUN = re.compile(r"<!--\s*not run:(.*?)-->")
 TIMEOUT = 300
 
 
 @dataclass(frozen=True)
 class Example:
+    page: Path
     line: int
-    """Where the block starts in README.md (1-based, the ```bash line)."""
+    """Where the block starts in its page (1-based, the ```bash line)."""
     code: str
     not_run: str | None
     """The reason given in its `<!-- not run: ... -->` comment, if any."""
 
+    @property
+    def name(self) -> str:
+        return f"{self.page.stem}-line{self.line}"
 
-def readme_examples() -> list[Example]:
-    text = README.read_text()
+
+def page_examples(page: Path) -> list[Example]:
+    text = page.read_text()
     examples = []
     for match in re.finditer(r"^```bash\n(.*?)^```$", text, re.S | re.M):
         line = text.count("\n", 0, match.start()) + 1
         previous = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
         mark = NOT_RUN.fullmatch(previous.strip())
-        examples.append(Example(line, match.group(1), mark.group(1).strip() if mark else None))
+        reason = mark.group(1).strip() if mark else None
+        examples.append(Example(page, line, match.group(1), reason))
     return examples
 
 
-EXAMPLES = readme_examples()
+EXAMPLES = [e for page in PAGES for e in page_examples(page)]
 SETUP, SHOWN = EXAMPLES[0], EXAMPLES[1:]
 RUNNABLE = [e for e in SHOWN if e.not_run is None]
 
 
 def test_the_first_block_is_the_setup_and_every_marker_is_before_a_block():
-    assert "pip install" in SETUP.code and SETUP.not_run is None
-    text = README.read_text()
-    # Each marker on a line of its own (one quoted in prose does not count) marks a block.
-    marks = [line for line in text.splitlines() if NOT_RUN.fullmatch(line.strip())]
-    assert len(marks) == sum(e.not_run is not None for e in EXAMPLES)
-    assert RUNNABLE, "the README shows no command that runs"
+    assert SETUP.page == README and "pip install" in SETUP.code and SETUP.not_run is None
+    for page in PAGES:
+        # Each marker on a line of its own (one quoted in prose does not count) marks a block.
+        lines = page.read_text().splitlines()
+        marks = [line for line in lines if NOT_RUN.fullmatch(line.strip())]
+        assert len(marks) == sum(e.not_run is not None for e in EXAMPLES if e.page == page), page
+    assert RUNNABLE, "the README and docs show no command that runs"
 
 
-@pytest.mark.parametrize("example", SHOWN, ids=lambda e: f"line{e.line}")
+@pytest.mark.parametrize("example", SHOWN, ids=lambda e: e.name)
 def test_every_block_is_bash_and_one_not_run_says_why(example):
     check = subprocess.run(["bash", "-n", "-c", example.code], capture_output=True, text=True)
     assert check.returncode == 0, check.stderr
     if example.not_run is not None:
         # A reason a reader can act on: a few words, not a bare marker.
-        assert len(example.not_run.split()) >= 3, f"line {example.line}: {example.not_run!r}"
+        assert len(example.not_run.split()) >= 3, f"{example.name}: {example.not_run!r}"
 
 
 @dataclass
@@ -85,12 +93,12 @@ class Run:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Run]:
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[Example, Run]:
     """Every runnable block, started at once; each in its own $HOME."""
     started = {}
     bin_dir = str(Path(sys.executable).parent)  # where this environment's `kvserve` is
     for example in RUNNABLE:
-        home = tmp_path_factory.mktemp(f"readme-line{example.line}")
+        home = tmp_path_factory.mktemp(example.name)
         env = {
             **os.environ,
             "HOME": str(home),
@@ -108,26 +116,26 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Run]:
                 stderr=err,
                 stdin=subprocess.DEVNULL,
             )
-        started[example.line] = Run(process, home)
+        started[example] = Run(process, home)
     yield started
     for run in started.values():
         if run.process.poll() is None:
             run.process.kill()
 
 
-@pytest.mark.parametrize("example", RUNNABLE, ids=lambda e: f"line{e.line}")
+@pytest.mark.parametrize("example", RUNNABLE, ids=lambda e: e.name)
 def test_the_example_runs_as_written(example, runs):
-    out, err = runs[example.line].wait()
-    assert runs[example.line].process.returncode == 0, f"line {example.line}:\n{out}\n{err}"
+    out, err = runs[example].wait()
+    assert runs[example].process.returncode == 0, f"{example.name}:\n{out}\n{err}"
     assert "Traceback" not in err and "error:" not in err, err
     assert out.strip(), "it printed nothing"
 
 
-def test_the_offload_example_loads_on_its_second_run_what_the_readme_says(runs):
+def test_the_offload_example_loads_on_its_second_run_what_its_page_says(runs):
     [example] = [e for e in RUNNABLE if "--offload disk:" in e.code]
-    claimed = re.search(r"`offload: (\d+) tokens loaded from the tiers`", README.read_text())
-    assert claimed, "the README says what the second run loads"
-    out, _ = runs[example.line].wait()
+    claimed = re.search(r"`offload: (\d+) tokens loaded from the tiers`", example.page.read_text())
+    assert claimed, f"{example.page.name} says what the second run loads"
+    out, _ = runs[example].wait()
     first, second = re.findall(r"^offload: (\d+) tokens loaded from the tiers", out, re.M)
     assert int(first) == 0  # a fresh $HOME: nothing to load yet
     assert int(second) == int(claimed.group(1)) > 0, out
