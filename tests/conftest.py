@@ -1,7 +1,9 @@
 """Shared fixtures: tiny random checkpoints written by transformers itself, and their oracle.
 
 Every checkpoint is created here (no hub, no network): transformers builds
-the model from a config with a fixed seed and saves it with safetensors.
+the model from a config with a fixed seed and saves it with safetensors, once
+per test run: the first pytest-xdist worker to ask saves it in a folder the
+run's workers share, the others load it from there (the oracle is the saved model).
 Between them the three cover untied and tied embeddings, a sharded save,
 biases (Llama's optional ones, Qwen2's q/k/v), Qwen3's q/k norm, an explicit
 head_dim, a non-default rope_theta and Llama 3.1 rope scaling.
@@ -10,6 +12,7 @@ head_dim, a non-default rope_theta and Llama 3.1 rope scaling.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -17,6 +20,8 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 import pytest
 import torch
 import transformers
+
+from tests._shared import saved_once, shared_dir
 
 # Tiny models: one thread is fastest, and immune to a machine busy with other work.
 torch.set_num_threads(1)
@@ -132,10 +137,32 @@ HYBRID_ARCHS["gemma3-3groups"] = (
 )
 
 
-def build_checkpoint(arch: str, path: os.PathLike) -> transformers.PreTrainedModel:
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: a worker per core this process may use, at most 8 (each holds about
+    1.5 GB at its peak, and its subprocesses more)."""
+    return max(1, min(len(os.sched_getaffinity(0)), 8))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The long poles first (stable: the rest keeps its order), so that under xdist each
+    starts while other workers take the short tests, instead of one running alone at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+def build_checkpoint(arch: str, path: Path) -> transformers.PreTrainedModel:
+    """The model, saved at `path` unless another worker saved it there: then loaded from it."""
     config_cls, model_cls, extra, save_kwargs = {**ARCHS, **HYBRID_ARCHS}[arch]
-    torch.manual_seed(0)
     config = config_cls(**{**COMMON, **extra})
+    return saved_once(
+        path,
+        lambda: build_model(arch, config, model_cls),
+        lambda saved: model_cls.from_pretrained(saved, config=config).eval(),
+        **save_kwargs,
+    )
+
+
+def build_model(arch: str, config, model_cls) -> transformers.PreTrainedModel:
+    torch.manual_seed(0)
     model = model_cls(config).eval()
     if arch in HYBRID_ARCHS:
         # Gemma norms start at zero (scale 1 + w): random ones test the (1 + w) scaling.
@@ -146,7 +173,6 @@ def build_checkpoint(arch: str, path: os.PathLike) -> transformers.PreTrainedMod
                     param.normal_(0.0, 0.5)
                 elif name.endswith(("dt_bias", "A_log", ".D")):
                     param.add_(torch.randn_like(param) * 0.5)
-    model.save_pretrained(path, **save_kwargs)
     return model
 
 
@@ -174,32 +200,30 @@ class Checkpoint:
         return self._reference[key]
 
 
+def shared_checkpoint(tmp_path_factory: pytest.TempPathFactory, arch: str) -> Checkpoint:
+    """The run's one checkpoint of `arch` (read-only: a test that changes one copies it)."""
+    path = shared_dir(tmp_path_factory) / f"checkpoint-{arch}"
+    return Checkpoint(arch, str(path), build_checkpoint(arch, path))
+
+
 @pytest.fixture(scope="session")
 def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Checkpoint]:
-    root = tmp_path_factory.mktemp("checkpoints")
-    result = {}
-    for arch in ARCHS:
-        path = root / arch
-        result[arch] = Checkpoint(arch, str(path), build_checkpoint(arch, path))
-    return result
+    return {arch: shared_checkpoint(tmp_path_factory, arch) for arch in ARCHS}
 
 
 @pytest.fixture(scope="session")
 def gemma3_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Checkpoint:
-    path = tmp_path_factory.mktemp("checkpoints") / "gemma3"
-    return Checkpoint("gemma3", str(path), build_checkpoint("gemma3", path))
+    return shared_checkpoint(tmp_path_factory, "gemma3")
 
 
 @pytest.fixture(scope="session")
 def gemma3_3groups_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Checkpoint:
-    path = tmp_path_factory.mktemp("checkpoints") / "gemma3-3groups"
-    return Checkpoint("gemma3-3groups", str(path), build_checkpoint("gemma3-3groups", path))
+    return shared_checkpoint(tmp_path_factory, "gemma3-3groups")
 
 
 @pytest.fixture(scope="session")
 def bamba_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Checkpoint:
-    path = tmp_path_factory.mktemp("checkpoints") / "bamba"
-    return Checkpoint("bamba", str(path), build_checkpoint("bamba", path))
+    return shared_checkpoint(tmp_path_factory, "bamba")
 
 
 @pytest.fixture(params=sorted(ARCHS))

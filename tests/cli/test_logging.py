@@ -16,6 +16,7 @@ from kvserve.cli import build_parser
 KV_LINE = "INFO kvserve.model.runner: KV cache: 64 blocks of 4 tokens, hash block 4 tokens"
 
 
+@pytest.mark.slow
 def test_cli_logs_info_by_default_and_the_library_stays_quiet(demo_path):
     proc = kvserve("generate", "--model", demo_path, *SMALL, "--prompt", "hi", "--max-tokens", "2")
     assert proc.returncode == 0, proc.stderr

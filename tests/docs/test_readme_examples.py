@@ -123,6 +123,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[Example, Run]:
             run.process.kill()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("example", RUNNABLE, ids=lambda e: e.name)
 def test_the_example_runs_as_written(example, runs):
     out, err = runs[example].wait()
@@ -131,6 +132,7 @@ def test_the_example_runs_as_written(example, runs):
     assert out.strip(), "it printed nothing"
 
 
+@pytest.mark.slow
 def test_the_offload_example_loads_on_its_second_run_what_its_page_says(runs):
     [example] = [e for e in RUNNABLE if "--offload disk:" in e.code]
     claimed = re.search(r"`offload: (\d+) tokens loaded from the tiers`", example.page.read_text())

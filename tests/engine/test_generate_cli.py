@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 import transformers
 
@@ -159,6 +160,7 @@ def test_kv_metadata_describes_the_engines_groups(gemma3_checkpoint, tmp_path):
     assert json.loads(json.dumps(kv_events_metadata(llm.engine.manager))) == printed
 
 
+@pytest.mark.slow
 def test_quantized_engines_from_the_command_line(tmp_path):
     proc = run(["--model", "demo:random", "--quantization", "int4", "--max-tokens", "4"], tmp_path)
     assert proc.returncode == 0, proc.stderr

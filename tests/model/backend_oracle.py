@@ -4,12 +4,14 @@ transformers', with prefix hits."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
 import transformers
 
 from kvserve import LLM, SamplingParams
+from tests._shared import saved_once, shared_dir
 from tests.model.attention_steps import BS
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
@@ -25,17 +27,22 @@ def prompts() -> list[list[int]]:
 
 def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Reference:
     """A tiny Llama with the unit tests' head layout: every test meets the same kernels."""
-    torch.manual_seed(0)
     config = transformers.LlamaConfig(
         hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, vocab_size=320, max_position_embeddings=512,
         attention_bias=True, bos_token_id=None, eos_token_id=None, pad_token_id=None,
         initializer_range=0.2,
     )  # fmt: skip
-    model = transformers.LlamaForCausalLM(config).eval()
-    path = tmp_path_factory.mktemp("llama-flex")
-    model.save_pretrained(path)
-    return Reference(str(path), model)
+
+    def build() -> transformers.PreTrainedModel:
+        torch.manual_seed(0)
+        return transformers.LlamaForCausalLM(config).eval()
+
+    def load(path: Path) -> transformers.PreTrainedModel:
+        return transformers.LlamaForCausalLM.from_pretrained(path, config=config).eval()
+
+    path = shared_dir(tmp_path_factory) / "llama-flex"
+    return Reference(str(path), saved_once(path, build, load))
 
 
 @dataclass

@@ -62,6 +62,7 @@ def test_llama_decodes_through_the_buffers_equal_transformers(llama):
     check_greedy(llama, llm, rows)
 
 
+@pytest.mark.slow
 def test_gemma3_windows_through_the_buffers_equal_transformers(gemma3_checkpoint):
     """Two KV cache groups (full and sliding window): a table buffer each."""
     llm, rows = graphed_llm(gemma3_checkpoint)

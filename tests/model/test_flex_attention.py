@@ -29,6 +29,7 @@ def both_paths(spans, window=None, softcap=None, seed=0):
     return run_paths((AttentionMetadata.build, FlexMetadata.build), spans, window, softcap, seed)
 
 
+@pytest.mark.slow  # the module's first compile: a minute on 2 cold cores
 @pytest.mark.parametrize(
     ("window", "softcap"), [(None, None), (5, None), (None, 3.0), (3, 30.0)]
 )  # fmt: skip

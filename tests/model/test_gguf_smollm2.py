@@ -14,7 +14,7 @@ from kvserve import LLM, SamplingParams
 
 QUESTIONS = ["What is the capital of France?", "Name three colors.", "Write a haiku about the sea."]
 NEW = 16
-pytestmark = needs_smollm2
+pytestmark = [needs_smollm2, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

@@ -38,7 +38,7 @@ from kvserve import LLM, SamplingParams
 from kvserve.model.quant_linear import Int4Linear, Int8Linear
 from kvserve.model.quantize import quantize_model
 
-pytestmark = needs_smollm2
+pytestmark = [needs_smollm2, pytest.mark.slow]
 
 SURE_MARGIN = 0.5
 """Logits between float32's top-1 and top-2 above which a position counts as sure."""

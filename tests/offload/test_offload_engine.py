@@ -134,6 +134,7 @@ def test_restarted_engine_hits_what_an_earlier_process_saved(checkpoints, tmp_pa
     assert sum(b["cached"]) >= saved
 
 
+@pytest.mark.slow
 def test_corrupt_files_are_misses_never_wrong_tokens(checkpoints, tmp_path):
     ck = checkpoints["qwen3"]
     other = checkpoints["llama"]

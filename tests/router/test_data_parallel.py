@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import httpx
+import pytest
 
 from kvserve.model.threads import default_num_threads
 from tests._ports import free_ports
@@ -21,6 +22,7 @@ from tests.router.conftest import (
 from tests.serve.conftest import scrape, start_server
 
 
+@pytest.mark.slow
 def test_two_ranks_behind_one_port_predict_exactly_and_stop_with_exit_0(demo):
     base = free_ports(4)  # PUB base, base + 1; replay base + 2, base + 3 (ranks offset by one)
     events = {"enable_kv_cache_events": True, "endpoint": f"tcp://127.0.0.1:{base}", "bind": True}

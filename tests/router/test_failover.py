@@ -3,6 +3,8 @@ the router's view of it is rebuilt (its old blocks are gone) and exact again."""
 
 from __future__ import annotations
 
+import pytest
+
 from tests._ports import free_port
 from tests.router._workload import conversations
 from tests.router.conftest import (
@@ -18,6 +20,7 @@ from tests.router.conftest import (
 from tests.serve.conftest import wait_healthy
 
 
+@pytest.mark.slow
 def test_a_killed_replica_loses_no_request_and_resyncs_when_restarted(demo):
     ports = (free_port(), free_port())
     first = start_replica(demo, ports, wait=False)

@@ -18,6 +18,8 @@ from tests.router.conftest import (
     stop_all,
 )
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def cluster(demo):

@@ -16,6 +16,7 @@ pytestmark = pytest.mark.skipif(
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
+@pytest.mark.slow
 def test_the_default_model_serves_chat():
     """(Token equality with LLM.chat is tested on the demo checkpoint, which loads faster.)"""
     srv = start_server(None)
