@@ -138,8 +138,8 @@ HYBRID_ARCHS["gemma3-3groups"] = (
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """`-n auto`: a worker per core this process may use, at most 8 (each holds about
-    1.5 GB at its peak, and its subprocesses more)."""
+    """`-n auto`: a worker per core this process may use, at most 8 (each has a torch of
+    its own and starts servers and engines: more would cost memory for little time)."""
     return max(1, min(len(os.sched_getaffinity(0)), 8))
 
 
