@@ -5,13 +5,13 @@ on the engine's own runner, mid-life.)"""
 from __future__ import annotations
 
 import logging
-import socket
 
 import pytest
 import torch
 
 from kvserve import LLM, SamplingParams
 from kvserve.model.warmup import warm_up
+from tests._ports import free_port
 
 GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
 SEEDED = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=6, ignore_eos=True)
@@ -28,10 +28,7 @@ def tokens(llm: LLM, params: SamplingParams) -> list[list[int]]:
 
 def events_config() -> dict:
     """KV events published over ZMQ on a free loopback port."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return {"enable_kv_cache_events": True, "endpoint": f"tcp://127.0.0.1:{port}"}
+    return {"enable_kv_cache_events": True, "endpoint": f"tcp://127.0.0.1:{free_port()}"}
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -4,13 +4,13 @@ CUDA a second LLM in the same process then gets a pool as large as the first."""
 from __future__ import annotations
 
 import gc
-import socket
 import weakref
 
 import pytest
 import torch
 
 from kvserve import LLM, SamplingParams
+from tests._ports import free_port
 
 GREEDY = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
 PROMPT = [5, 17, 42, 9, 100, 3, 7]
@@ -23,10 +23,7 @@ def make(path: str, **kwargs) -> LLM:
 
 def events_config() -> dict:
     """KV events published over ZMQ on a free loopback port."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return {"enable_kv_cache_events": True, "endpoint": f"tcp://127.0.0.1:{port}"}
+    return {"enable_kv_cache_events": True, "endpoint": f"tcp://127.0.0.1:{free_port()}"}
 
 
 def watch(llm: LLM) -> list[weakref.ref]:

@@ -7,12 +7,13 @@ import json
 import httpx
 
 from kvserve.events.subscriber import KVEventSubscriber
-from tests._ports import free_port
+from tests._ports import free_ports
 from tests.serve.conftest import ENGINE, start_server, stop_server
 
 
 def test_kv_metadata_is_the_publishers_plus_where_the_events_are(demo):
-    port, replay = free_port(), free_port()
+    base = free_ports(4)  # rank 1 binds each port + 1: base + 1 and base + 3
+    port, replay = base, base + 2
     events = {
         "enable_kv_cache_events": True,
         "endpoint": f"tcp://127.0.0.1:{port}",
