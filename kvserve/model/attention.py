@@ -9,8 +9,8 @@ that very step (design.md invariant 8).
 
 Reads gather the context through the flat slot indices of the step's
 AttentionMetadata (kvserve.model.attention_metadata). A fresh prefill attends
-to its own new k/v directly; a decode group with a shared prompt prefix meets
-that prefix's keys and values once, in one matrix product for the whole group.
+to its own new k/v directly; decodes are attended in padded groups of similar
+context length, each row over its own slots.
 Grouped-query attention never repeats the kv heads, except on the soft-capped
 prefill path.
 """
@@ -148,34 +148,13 @@ def _decode_attention(
     query = query.reshape(batch, kv_heads, num_heads // kv_heads, dim)
     keys = _gather(k_flat, group.slots)  # [B, kv_heads, S, dim]
     values = _gather(v_flat, group.slots)
-    if group.prefix_slots is None:
-        if softcap is None:
-            attn = F.scaled_dot_product_attention(
-                query, keys, values, attn_mask=group.mask, scale=scale
-            )
-        else:
-            attn = _capped_attention(query, keys, values, group.mask, scale, softcap)
-        return attn.reshape(batch, num_heads, dim)
-    # Shared prefix: its keys and values are gathered once, and every query of the
-    # group ([kv_heads, B * groups] rows) meets them in one matrix product; the
-    # softmax runs over the prefix and each sequence's own tail together.
-    prefix_keys = k_flat.index_select(0, group.prefix_slots).transpose(0, 1)  # [kv_heads, P, dim]
-    prefix_values = v_flat.index_select(0, group.prefix_slots).transpose(0, 1)
-    rows = query.transpose(0, 1).reshape(kv_heads, -1, dim)  # [kv_heads, B * groups, dim]
-    prefix_scores = _capped(torch.matmul(rows, prefix_keys.transpose(1, 2)).mul_(scale), softcap)
-    prefix_len = prefix_scores.shape[-1]
-    own_scores = _capped(torch.matmul(query, keys.transpose(2, 3)).mul_(scale), softcap)
-    if group.mask is not None:
-        own_scores.masked_fill_(~group.mask, float("-inf"))
-    scores = torch.cat(
-        (prefix_scores.view(kv_heads, batch, -1, prefix_len).transpose(0, 1), own_scores),
-        dim=-1,
-    ).softmax(dim=-1)
-    prefix_probs = scores[..., :prefix_len].transpose(0, 1).reshape(kv_heads, -1, prefix_len)
-    out = torch.matmul(prefix_probs, prefix_values)  # [kv_heads, B * groups, dim]
-    out = out.view(kv_heads, batch, -1, dim).transpose(0, 1)
-    out = out + torch.matmul(scores[..., prefix_len:], values)
-    return out.reshape(batch, num_heads, dim)
+    if softcap is None:
+        attn = F.scaled_dot_product_attention(
+            query, keys, values, attn_mask=group.mask, scale=scale
+        )
+    else:
+        attn = _capped_attention(query, keys, values, group.mask, scale, softcap)
+    return attn.reshape(batch, num_heads, dim)
 
 
 def _gather(flat: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:

@@ -6,14 +6,17 @@ block_size + p % block_size (block 0 is the null block and is never written). Th
 slot indices are built once per step and shared by the layers of one KV cache group
 (one metadata per group). A sliding-window group's metadata reads only each query's
 window (keys p-W+1..p): the table entries before it may be the null block. A fresh
-prefill reads no slots: it attends to its own new k/v directly. Decodes are padded
-into groups; those whose block tables begin with the same blocks (a shared prompt
-prefix) get that prefix's slots once for the whole group, not once per sequence.
+prefill reads no slots: it attends to its own new k/v directly. Decodes are sorted by
+context length and padded in groups of DECODE_GROUP; each row reads its whole context
+through its own slots, whether or not its blocks are shared with other rows (reading a
+shared prefix once for a group was measured slower on the CPU: benchmarks/README.md,
+"Decode over shared prefixes").
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -37,24 +40,16 @@ class SeqSpan:
 
 @dataclass(slots=True)
 class DecodeGroup:
-    """Single-token sequences attended in one padded call.
-
-    Either sequences of similar context length, or sequences whose block tables
-    begin with the same blocks (a shared prompt prefix): then that prefix is
-    read once for the whole group instead of once per sequence.
-    """
+    """Single-token sequences of similar context length, attended in one padded call."""
 
     index: torch.Tensor
     """[B] their positions in the flattened batch."""
     slots: torch.Tensor
-    """[B, S] flat cache slots of each context after the shared prefix, padded with
-    slot 0 (the null block, zeros) up to the group's longest S."""
+    """[B, S] flat cache slots of each context, padded with slot 0 (the null block,
+    zeros) up to the group's longest S."""
     mask: torch.Tensor | None
     """[B, 1, 1, S] bool, True for real context, False for padding; None when there is no
     padding (every context in the group equally long)."""
-    prefix_slots: torch.Tensor | None = None
-    """[P] flat cache slots of the prefix all sequences of the group share (positions
-    [0, P) of each); None when they share none."""
     in_order: bool = False
     """Its rows are consecutive rows of the batch, in batch order."""
 
@@ -76,8 +71,7 @@ class AttentionMetadata:
     prefills: list[SeqSpan]
     """Sequences with several query tokens, attended one by one."""
     decodes: list[DecodeGroup]
-    """The single-token sequences: groups sharing a prompt prefix, the others in groups
-    of similar context length."""
+    """The single-token sequences, in groups of similar context length."""
     window: int | None = None
     """Sliding window of the group's layers (None: full attention)."""
     whole_batch: DecodeGroup | None = None
@@ -174,90 +168,46 @@ def _flush(
         rows.clear()
 
 
-SHARED_PREFIX_MIN_BLOCKS = 4
-"""Decodes whose tables share at least this many leading blocks read them once, together."""
-
-
 def _decode_groups(
     decodes: list[tuple[int, int, list[int]]],
     block_size: int,
     device: torch.device,
     window: int | None = None,
 ) -> list[DecodeGroup]:
-    """(batch position, context length, block table) per decode -> padded groups."""
-    if window is not None:
-        # No shared prefix: the head of a windowed table is the null block.
-        ordered = sorted(decodes, key=lambda d: d[1])
-        return [
-            _window_decode_group(ordered[i : i + DECODE_GROUP], window, block_size, device)
-            for i in range(0, len(ordered), DECODE_GROUP)
-        ]
-    by_first: dict[int, list[tuple[int, int, list[int]]]] = {}
-    for d in decodes:
-        by_first.setdefault(d[2][0], []).append(d)
-    groups = []
-    rest = []
-    for part in by_first.values():
-        shared = _common_blocks([t for _, _, t in part]) if len(part) > 1 else 0
-        prefix = min(shared * block_size, min(n for _, n, _ in part))
-        if shared < SHARED_PREFIX_MIN_BLOCKS or prefix < block_size:
-            rest.extend(part)
-            continue
-        groups.append(_decode_group(part, prefix, block_size, device))
-    rest.sort(key=lambda d: d[1])
-    for i in range(0, len(rest), DECODE_GROUP):
-        groups.append(_decode_group(rest[i : i + DECODE_GROUP], 0, block_size, device))
-    return groups
-
-
-def _common_blocks(tables: list[list[int]]) -> int:
-    """How many leading block ids all tables have in common."""
-    first = tables[0]
-    n = min(len(t) for t in tables)
-    for t in tables[1:]:
-        i = 0
-        while i < n and t[i] == first[i]:
-            i += 1
-        n = i
-    return n
+    """(batch position, context length, block table) per decode -> padded groups of
+    DECODE_GROUP, sorted by context length."""
+    ordered = sorted(decodes, key=lambda d: d[1])
+    build = _decode_group if window is None else partial(_window_decode_group, window=window)
+    return [
+        build(ordered[i : i + DECODE_GROUP], block_size=block_size, device=device)
+        for i in range(0, len(ordered), DECODE_GROUP)
+    ]
 
 
 def _decode_group(
-    part: list[tuple[int, int, list[int]]], prefix: int, block_size: int, device: torch.device
+    part: list[tuple[int, int, list[int]]], block_size: int, device: torch.device
 ) -> DecodeGroup:
-    """One group; positions below `prefix` are read through the shared prefix slots."""
-    width = max(len(t) for _, _, t in part)
-    tables = torch.tensor(
-        [t + [0] * (width - len(t)) for _, _, t in part], dtype=torch.long, device=device
-    )
+    """One group: each decode reads keys 0 .. n - 1 (padding: null slot 0)."""
+    tables = _padded_tables(part, device)
     lengths = [n for _, n, _ in part]
     lens = torch.tensor(lengths, dtype=torch.long, device=device)
-    end = max(max(lengths), prefix + 1)  # at least one column, padding if need be
-    pos = torch.arange(prefix, end, device=device)
+    pos = torch.arange(max(lengths), device=device)
     valid = pos[None, :] < lens[:, None]
     slots = tables[:, pos // block_size] * block_size + pos % block_size
-    prefix_slots = None
-    if prefix:
-        head = torch.arange(prefix, device=device)
-        prefix_slots = tables[0, head // block_size] * block_size + head % block_size
-    padded = min(lengths) < end
+    padded = min(lengths) < max(lengths)
     return DecodeGroup(
         _rows(part, device),
         slots.masked_fill_(~valid, 0) if padded else slots,
         valid[:, None, None, :] if padded else None,
-        prefix_slots,
         _in_order(part),
     )
 
 
 def _window_decode_group(
-    part: list[tuple[int, int, list[int]]], window: int, block_size: int, device: torch.device
+    part: list[tuple[int, int, list[int]]], block_size: int, device: torch.device, window: int
 ) -> DecodeGroup:
     """Each decode at position n - 1 reads only keys n - W .. n - 1 (padding: null slot 0)."""
-    width = max(len(t) for _, _, t in part)
-    tables = torch.tensor(
-        [t + [0] * (width - len(t)) for _, _, t in part], dtype=torch.long, device=device
-    )
+    tables = _padded_tables(part, device)
     lengths = [n for _, n, _ in part]
     lens = torch.tensor(lengths, dtype=torch.long, device=device)
     span = min(window, max(lengths))
@@ -270,7 +220,15 @@ def _window_decode_group(
         _rows(part, device),
         slots.masked_fill_(~valid, 0) if padded else slots,
         valid[:, None, None, :] if padded else None,
-        in_order=_in_order(part),
+        _in_order(part),
+    )
+
+
+def _padded_tables(part: list[tuple[int, int, list[int]]], device: torch.device) -> torch.Tensor:
+    """[B, widest] block tables of a group, padded with the null block 0."""
+    width = max(len(t) for _, _, t in part)
+    return torch.tensor(
+        [t + [0] * (width - len(t)) for _, _, t in part], dtype=torch.long, device=device
     )
 
 
