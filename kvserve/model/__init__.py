@@ -1,4 +1,7 @@
-"""The torch room: checkpoint loading, the decoder models, paged attention, sampling.
+"""The torch room, one folder per concern: checkpoint/ (reading HF and GGUF checkpoints),
+models/ and layers/ (the architectures), attention/ (the backends), quant/ (packed
+weights), memory/ (the KV pool), sampling/; at the top what composes them (the runner,
+the loader). docs/design.md has the map and the rooms' import rules.
 
 Nothing outside this package imports torch. `ModelRunner.execute` is the
 whole interface the engine uses; its input, `SeqChunk`, lives in
