@@ -7,19 +7,7 @@ import sys
 
 from kvserve.cli import chat, events, generate, kv_metadata, route, serve, simulate
 from kvserve.cli.common import add_log_level, configure_logging
-
-
-def version() -> str:
-    """The installed distribution's version; the source tree's when it is not installed."""
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as dist_version
-
-    try:
-        return dist_version("kvserve")
-    except PackageNotFoundError:
-        from kvserve import __version__
-
-        return __version__
+from kvserve.version import version
 
 
 class _Parser(argparse.ArgumentParser):

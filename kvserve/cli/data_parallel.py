@@ -26,6 +26,7 @@ import time
 
 import httpx
 
+from kvserve.cli.common import loopback_events
 from kvserve.cli.engine_options import engine_argv
 from kvserve.engine.engine_args import EngineArgs
 from kvserve.events.config import KVEventsConfig
@@ -38,8 +39,6 @@ STOP_GRACE_SECONDS = 10.0
 
 def rank_events(config: str | None, size: int) -> list[str]:
     """Each rank's --kv-events-config: events on, a replay socket, ports clear of each other."""
-    from kvserve.cli.serve import loopback_events
-
     text = loopback_events(config or '{"enable_kv_cache_events": true}')
     value = json.loads(text)  # type: ignore[arg-type]
     cfg = KVEventsConfig.from_any(value)  # a bad key or value: its one-line error

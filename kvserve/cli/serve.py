@@ -14,12 +14,11 @@ import logging
 import os
 import sys
 
-from kvserve.cli.common import HelpFormatter, add_model_option, positive
+from kvserve.cli.common import HelpFormatter, add_model_option, loopback_events, positive
 from kvserve.cli.engine_options import add_engine_options, engine_args_from
 from kvserve.serve.metrics import PREFIXES
 
 API_KEY_ENV = "KVSERVE_API_KEY"
-LOOPBACK_EVENTS_ENDPOINT = "tcp://127.0.0.1:5557"
 log = logging.getLogger("kvserve.serve")
 
 
@@ -140,20 +139,3 @@ def run(args: argparse.Namespace) -> int:
     if server.signalled:
         log.info("stopped")
     return 0
-
-
-def loopback_events(config: str | None) -> str | None:
-    """KV events carry every prompt's token ids: unless the config names an endpoint,
-    serve binds its event sockets to loopback (vLLM binds every interface)."""
-    if config is None:
-        return None
-    import json
-
-    try:
-        value = json.loads(config)
-    except json.JSONDecodeError:
-        return config  # the engine says what is wrong with it
-    if isinstance(value, dict) and "endpoint" not in value:
-        value.update(endpoint=LOOPBACK_EVENTS_ENDPOINT, bind=True)
-        return json.dumps(value)
-    return config

@@ -28,7 +28,7 @@ from kvserve.offload.store import TierStack
 
 
 class BlockIO(Protocol):
-    """The runner's side (kvserve.model.kv_io.KVBlockIO)."""
+    """The runner's side (kvserve.model.memory.kv_io.KVBlockIO)."""
 
     def read(self, group: int, block: int, offset: int = 0, num: int | None = None) -> bytes: ...
 

@@ -12,7 +12,7 @@ import logging
 
 import uvicorn
 
-from kvserve.model.tokenizer import load_tokenizer
+from kvserve.model.checkpoint.tokenizer import load_tokenizer
 from kvserve.router.app import create_app
 from kvserve.router.follower import EventFollower
 from kvserve.router.health import follow

@@ -31,7 +31,7 @@ class RouterState:
     follower: EventFollower
     metrics: RouterMetrics
     tokenizer: Any
-    """The replicas' own tokenizer (kvserve.model.tokenizer.load_tokenizer), or None."""
+    """The replicas' own tokenizer (kvserve.model.checkpoint.tokenizer.load_tokenizer), or None."""
     api_key: str | None = None
     """Wanted from clients and sent to the replicas (one key for the whole deployment)."""
     health_interval: float = 1.0

@@ -43,7 +43,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/version")
     async def version() -> dict[str, str]:
-        from kvserve.cli import version as installed
+        from kvserve.version import version as installed
 
         return {"version": installed()}
 

@@ -5,7 +5,7 @@ grouped-query attention (`self_attn`); both are pre-normed and followed by a
 SwiGLU MLP (`feed_forward`, after `pre_ff_layernorm`). What differs from the
 Llama decoder: attention rotates only the first `partial_rotary_factor` (0.5)
 of each head, and the mamba layers carry per-request state pages instead of a
-KV cache (see kvserve/model/mamba2.py). `config.layer_kinds` tells the runner
+KV cache (see kvserve/model/layers/mamba2.py). `config.layer_kinds` tells the runner
 which layer needs which: attention layers get (k_cache, v_cache) and an
 AttentionMetadata, mamba layers (conv_states, ssm_states) and a StateMetadata.
 """
@@ -15,10 +15,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kvserve.model.attention_metadata import AttentionMetadata
-from kvserve.model.config import ModelConfig
-from kvserve.model.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary
-from kvserve.model.mamba2 import Mamba2Mixer, StateMetadata
+from kvserve.model.attention.attention_metadata import AttentionMetadata
+from kvserve.model.checkpoint.config import ModelConfig
+from kvserve.model.layers.common import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary
+from kvserve.model.layers.mamba2 import Mamba2Mixer, StateMetadata
 from kvserve.model.models.decoder import DecoderAttention, DecoderForCausalLM, DecoderOptions
 
 LayerMeta = AttentionMetadata | StateMetadata

@@ -13,10 +13,10 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from kvserve.model.attention import paged_attention
-from kvserve.model.attention_metadata import AttentionMetadata
-from kvserve.model.config import ModelConfig
-from kvserve.model.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary
+from kvserve.model.attention.attention_metadata import AttentionMetadata
+from kvserve.model.attention.plain import paged_attention
+from kvserve.model.checkpoint.config import ModelConfig
+from kvserve.model.layers.common import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +32,7 @@ class DecoderOptions:
 
 class DecoderAttention(nn.Module):
     """q/k/v load by their checkpoint names and run as one qkv_proj once the loader has
-    fused them (kvserve.model.fusion); q and k rotate together."""
+    fused them (kvserve.model.quant.fusion); q and k rotate together."""
 
     FUSED_PROJECTIONS: ClassVar[dict[str, tuple[str, ...]]] = {
         "qkv_proj": ("q_proj", "k_proj", "v_proj")
@@ -152,7 +152,7 @@ class DecoderForCausalLM(nn.Module):
 
     def project_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Hidden states times the lm_head, or the embeddings when tied (a quantized model
-        may hold a packed lm_head even then: kvserve.model.quantize)."""
+        may hold a packed lm_head even then: kvserve.model.quant.quantize)."""
         if self.lm_head is None:
             return nn.functional.linear(hidden, self.model.embed_tokens.weight)
         return self.lm_head(hidden)

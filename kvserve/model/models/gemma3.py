@@ -19,9 +19,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from kvserve.model.attention_metadata import AttentionMetadata
-from kvserve.model.config import ModelConfig, RopeConfig, _rope_config
-from kvserve.model.layers import GatedMLP, RotaryEmbedding
+from kvserve.model.attention.attention_metadata import AttentionMetadata
+from kvserve.model.checkpoint.config import ModelConfig, RopeConfig, _rope_config
+from kvserve.model.layers.common import GatedMLP, RotaryEmbedding
 from kvserve.model.models.decoder import DecoderAttention, DecoderForCausalLM, DecoderOptions
 
 DEFAULT_GLOBAL_THETA = 1_000_000.0
