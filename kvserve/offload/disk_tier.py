@@ -151,7 +151,7 @@ class DiskTier:
         try:
             f = open_regular(path)
             if f is None:
-                self._not_a_file(path)
+                self._not_a_file(path, key)
                 return None
             with f:
                 try:
@@ -208,7 +208,10 @@ class DiskTier:
 
     # --- internals -------------------------------------------------------------------------
 
-    def _not_a_file(self, path: str) -> None:
+    def _not_a_file(self, path: str, key: bytes) -> None:
+        """A non-regular file under the key's name: not a block (not counted), warned once."""
+        with self._lock:
+            self._forget(key)
         if path in self._warned or len(self._warned) >= MAX_WARNED_PATHS:
             return
         self._warned.add(path)

@@ -99,6 +99,16 @@ def test_a_put_replaces_a_fifo_and_the_block_is_read_back(tmp_path):
     assert tier.contains(KEY) and within_timeout(tier.get, KEY) == PAYLOAD
 
 
+def test_a_counted_block_replaced_by_a_fifo_is_no_longer_counted(tmp_path):
+    tier = DiskTier(tmp_path, 10_000, FP)
+    tier.put(KEY, PAYLOAD)
+    path = tier.file_path(KEY)
+    os.unlink(path)  # another process puts a FIFO in its place
+    os.mkfifo(path)
+    assert within_timeout(tier.get, KEY) is None
+    assert tier.keys() == [] and tier.used_bytes == 0
+
+
 def test_a_directory_in_the_way_of_a_write_is_a_counted_drop(tmp_path):
     disk = DiskTier(tmp_path, 10_000, FP)
     os.mkdir(disk.file_path(KEY))
