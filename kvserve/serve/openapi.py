@@ -131,7 +131,7 @@ def openapi_document(version: str) -> dict[str, Any]:
             }
         }
     return {
-        "openapi": "3.0.3",
+        "openapi": "3.1.0",
         "info": {"title": "kvserve", "version": version},
         "paths": paths,
     }
