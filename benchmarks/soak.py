@@ -3,8 +3,8 @@ clients beside it (issue 26). Not a test: it prints a table.
 
     .venv/bin/python benchmarks/soak.py --minutes 1
 
-Phases, each `--minutes` long, on one server: a warm-up (discarded), the
-baseline (valid clients only), then hostile (the same valid clients, plus
+Phases, each `--minutes` long, on one server: a warm-up (the whole mix, at
+most 30 s, discarded), the baseline (valid clients only), then hostile (the same valid clients, plus
 clients cycling through invalid bodies, streams left mid-way, bodies sent a
 byte at a time, streams never read, prompts too long to fit). Valid clients
 are closed loops of greedy streamed completions. For each phase the table
@@ -210,8 +210,10 @@ def main() -> None:
     proc = start(port, args.threads)
     seconds = args.minutes * 60
     try:
-        warm = Phase("warm-up")
-        asyncio.run(run_phase(warm, port, proc.pid, min(20.0, seconds), args.valid_clients, 2))
+        warm = Phase("warm-up")  # the full mix: the allocator reaches its working size
+        warm_seconds = min(30.0, seconds)
+        mix = (args.valid_clients, args.hostile_clients)
+        asyncio.run(run_phase(warm, port, proc.pid, warm_seconds, *mix))
         base = Phase("baseline")
         asyncio.run(run_phase(base, port, proc.pid, seconds, args.valid_clients, 0))
         hostile = Phase("hostile")

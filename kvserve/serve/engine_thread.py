@@ -1,11 +1,13 @@
 """The engine's own thread: the only place a step runs, so the event loop never blocks.
 
-Everything that touches the engine (adding, aborting, stepping, the
-tokenizer) happens here, in order: the engine is not thread-safe, and a
-single owner needs no locks. The thread steps while there is work and sleeps
-on its command queue otherwise. Outputs go back to the asyncio queue of their
-request through `loop.call_soon_threadsafe`; a request the engine refuses
-gets the exception instead, and nothing else is disturbed.
+Everything that touches the engine (adding, aborting, stepping) happens
+here, in order: the engine is not thread-safe, and a single owner needs no
+locks. Prompts arrive as token ids (the tokenizer has its own worker thread,
+tokenizer_worker.py; the engine thread only decodes output text). The
+thread steps while there is work and sleeps on its command queue otherwise.
+Outputs go back to the asyncio queue of their request through
+`loop.call_soon_threadsafe`; a request the engine refuses gets the exception
+instead, and nothing else is disturbed.
 
 If the thread dies (an exception outside a request's own work: a step that
 fails as a whole leaves the engine's state unknown), every request running or
@@ -17,7 +19,6 @@ supervisor restarts it.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import logging
 import queue
@@ -64,7 +65,7 @@ class EngineDead(RuntimeError):
 
 
 class EngineThread:
-    """Owns the engine; the server talks to it only through `submit`, `abort` and `call`."""
+    """Owns the engine; the server talks to it only through `submit` and `abort`."""
 
     def __init__(
         self,
@@ -118,14 +119,6 @@ class EngineThread:
         """No request running or about to be added (a drain waits for this)."""
         return not self._streams and self._commands.empty()
 
-    async def call(self, fn: Callable[[], Any]) -> Any:
-        """Run `fn` in the engine thread (tokenizer work) and await its result."""
-        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        self._commands.put(("call", (fn, future)))
-        if self.dead is not None:
-            self._fail_commands()
-        return await asyncio.wrap_future(future)
-
     # -- the thread ---------------------------------------------------------------
 
     def _run(self) -> None:
@@ -156,8 +149,6 @@ class EngineThread:
             error = EngineDead(f"the engine is dead ({self.dead})")
             if kind == "add":
                 _send(payload[2], error)
-            elif kind == "call" and not payload[1].done():
-                payload[1].set_exception(error)
 
     def _loop(self) -> None:
         while not self._stopping:
@@ -212,12 +203,6 @@ class EngineThread:
                 self._abort(request_id)
                 _send(stream, ServerStopping("the server is shutting down"))
             self._streams.clear()
-        elif kind == "call":
-            fn, future = payload
-            try:
-                future.set_result(fn())
-            except Exception as exc:
-                future.set_exception(exc)
 
     def _abort(self, request_id: str) -> None:
         n = self.engine.num_completions(request_id)
