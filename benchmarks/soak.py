@@ -174,9 +174,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start(port: int, threads: int) -> subprocess.Popen:
+def start(port: int, threads: int, num_kv_blocks: int = 1024) -> subprocess.Popen:
     args = [sys.executable, "-m", "kvserve.cli", "serve", "--model", "demo:random"]
     args += ["--port", str(port), "--num-threads", str(threads), "--log-level", "warning"]
+    args += ["--num-kv-blocks", str(num_kv_blocks)]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
@@ -205,9 +206,16 @@ def main() -> None:
     p.add_argument("--valid-clients", type=int, default=4)
     p.add_argument("--hostile-clients", type=int, default=8)
     p.add_argument("--threads", type=int, default=1, help="the server's --num-threads")
+    p.add_argument(
+        "--num-kv-blocks",
+        type=int,
+        default=1024,
+        help="the server's pool: small, so the warm-up touches all of it (a CPU pool's pages "
+        "are committed on first write, which is RSS growth but no leak)",
+    )
     args = p.parse_args()
     port = free_port()
-    proc = start(port, args.threads)
+    proc = start(port, args.threads, args.num_kv_blocks)
     seconds = args.minutes * 60
     try:
         warm = Phase("warm-up")  # the full mix: the allocator reaches its working size
