@@ -168,6 +168,17 @@ async def run_phase(
     phase.rss_end = rss(pid)
 
 
+def fill_pool(port: int, num_blocks: int, block_size: int = 16) -> None:
+    """Write every block of the pool once (unique prompts, prefill only): the pool's pages
+    are then in RSS before the phases measure it."""
+    rng = random.Random(0)
+    tokens = 1000
+    for _ in range(num_blocks * block_size // tokens + 2):
+        prompt = [rng.randrange(100, 10_000) for _ in range(tokens)]
+        body = {"prompt": prompt, "max_tokens": 1}
+        httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=120)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -218,6 +229,7 @@ def main() -> None:
     proc = start(port, args.threads, args.num_kv_blocks)
     seconds = args.minutes * 60
     try:
+        fill_pool(port, args.num_kv_blocks)
         warm = Phase("warm-up")  # the full mix: the allocator reaches its working size
         warm_seconds = min(30.0, seconds)
         mix = (args.valid_clients, args.hostile_clients)
