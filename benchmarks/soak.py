@@ -174,7 +174,7 @@ def fill_pool(port: int, num_blocks: int, block_size: int = 16) -> None:
     rng = random.Random(0)
     tokens = 1000
     for _ in range(num_blocks * block_size // tokens + 2):
-        prompt = [rng.randrange(100, 10_000) for _ in range(tokens)]
+        prompt = [rng.randrange(100, 2000) for _ in range(tokens)]
         body = {"prompt": prompt, "max_tokens": 1}
         httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=120)
 
