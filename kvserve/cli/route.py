@@ -60,7 +60,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=parse_bytes,
         metavar="SIZE",
         help="a larger request body is refused with 413 before it is read whole (bytes, or "
-        "a size such as 10MiB; default: 10MiB)",
+        "a size such as 16MiB; default: 16MiB, as serve)",
     )
     p.add_argument(
         "--shutdown-timeout",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvserve.model.sampler import filtered_probs, sample
+from kvserve.model.sampling.sampler import filtered_probs, sample
 from kvserve.sampling_params import INT64_MAX, INT64_MIN, SamplingParams
 
 

@@ -187,3 +187,11 @@ def test_clients_that_leave_mid_body_are_one_line_not_tracebacks(demo):
         assert "Traceback" not in out and "Exception in ASGI" not in out, out[-3000:]
         lines = [line for line in out.splitlines() if "left while sending" in line]
         assert 1 <= len(lines) <= 2, out[-3000:]
+
+
+def test_router_takes_every_body_a_replica_takes():
+    """The router's default body limit is the server's: a request serve accepts passes it."""
+    from kvserve.router.limits import MAX_REQUEST_BYTES
+    from kvserve.serve.limits import ServeLimits
+
+    assert ServeLimits().max_request_bytes == MAX_REQUEST_BYTES
