@@ -23,6 +23,7 @@ from kvserve.serve.errors import APIError, error_response, install_error_handler
 from kvserve.serve.limits import BodyLimits
 from kvserve.serve.openapi import openapi_document
 from kvserve.serve.state import ServerState
+from kvserve.version import version as installed_version
 
 OPEN_PATHS = frozenset({"/health", "/metrics"})
 
@@ -43,9 +44,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/openapi.json")
     async def openapi() -> dict[str, Any]:
-        from kvserve.cli import version as installed
-
-        return openapi_document(installed())
+        return openapi_document(installed_version())
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -55,9 +54,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/version")
     async def version() -> dict[str, str]:
-        from kvserve.version import version as installed
-
-        return {"version": installed()}
+        return {"version": installed_version()}
 
     @app.get("/kv-metadata")
     async def kv_metadata() -> dict[str, Any]:
