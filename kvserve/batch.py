@@ -84,9 +84,14 @@ class Runner(Protocol):
     hash_block_size: int
     eos_token_ids: set[int]
     vocab_size: int
-    max_model_len: int | None
-    model_dir: Path | None
-    """The checkpoint path (a Hugging Face directory or a GGUF file); None without a model."""
+
+    @property
+    def max_model_len(self) -> int | None: ...
+
+    @property
+    def model_dir(self) -> Path | None:
+        """The checkpoint path (a Hugging Face directory or a GGUF file); None without a model."""
+        ...
 
     @property
     def tokenizer(self) -> Any | None: ...

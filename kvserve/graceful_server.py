@@ -24,7 +24,7 @@ class GracefulServer(uvicorn.Server):
         self.signalled = False
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    async def startup(self, sockets: list | None = None) -> None:  # type: ignore[override]
+    async def startup(self, sockets: list | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         await super().startup(sockets)
 

@@ -22,6 +22,7 @@ import logging
 import re
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 from fastapi import Request, Response
@@ -211,9 +212,9 @@ class _Relay(StreamingResponse):
 
     def __init__(
         self, content: AsyncIterator[bytes], *, upstream: httpx.Response,
-        on_close: Callable[[], None], **kwargs: object,
+        on_close: Callable[[], None], **kwargs: Any,
     ) -> None:  # fmt: skip
-        super().__init__(content, **kwargs)  # type: ignore[arg-type]
+        super().__init__(content, **kwargs)
         self.upstream = upstream
         self.on_close = on_close
 

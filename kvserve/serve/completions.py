@@ -13,6 +13,7 @@ prompts, each with `n` completions). Response bodies are built in responses.py.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -139,7 +140,7 @@ async def _echo_texts(job: Job, state: ServerState, prompts: list[str | list[int
             raise APIError("echo needs a tokenizer to decode token-id prompts", param="echo")
         else:
             ids = prompt
-            part.echo = await state.engine.call(lambda ids=ids: tokenizer.decode(ids))
+            part.echo = await state.engine.call(functools.partial(tokenizer.decode, ids))
 
 
 class _ClientGone(Exception):

@@ -171,9 +171,9 @@ class EngineThread:
             outputs = self.engine.step()
         except Exception as exc:  # a broken step fails its requests, not the server
             log.exception("engine step failed")
-            for request_id, stream in list(self._streams.items()):
+            for request_id, failed in list(self._streams.items()):
                 self.engine.abort_request(request_id)
-                _send(stream, RuntimeError(f"engine step failed: {exc}"))
+                _send(failed, RuntimeError(f"engine step failed: {exc}"))
             self._streams.clear()
             return
         if self.observer is not None:
