@@ -114,7 +114,7 @@ def run_data_parallel(
             urls.append(f"http://127.0.0.1:{port}")
             log.info("data-parallel rank %d: %s", rank, urls[-1])
         _wait_healthy(children, urls)
-        state = build_router(urls, "cache-aware", api_key)
+        state = build_router(urls, "cache-aware", api_key, max_request_bytes=args.max_request_bytes)
         serve_router(state, args.host, args.port, args.shutdown_timeout, args.log_level)
     finally:
         _stop(children, args.shutdown_timeout + STOP_GRACE_SECONDS)

@@ -18,7 +18,7 @@ from typing import Any
 import zmq
 
 from kvserve.events.index import PrefixIndex
-from kvserve.events.publisher import (
+from kvserve.events.replay import (
     END_SEQ,
     LAST_SEQ_REQUEST,
     METADATA_REQUEST,

@@ -13,13 +13,14 @@ are managed (docs/design.md: data flows one way).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from kvserve.batch import SeqChunk, StepOutput, TokenLogprobs
+from kvserve.batch import SeqChunk, StepOutput, TokenLogprobs, each_row
 from kvserve.kvcache.plan import CopyOp
 from kvserve.kvcache.specs import (
     KVCacheSpec,
@@ -261,9 +262,22 @@ class ModelRunner:
                 )
             if not rows:
                 return StepOutput([None] * len(chunks))
-            tokens, logprobs = self._sample(self.model.compute_logits(hidden[rows]), sampled)
+            last_hidden, logits_of = hidden[rows], self.model.compute_logits
+            tokens: Sequence[int | None]
+            failed: dict[int, str] = {}
+            try:
+                tokens, logprobs = self._sample(logits_of(last_hidden), sampled)
+            except Exception:  # one row's fault fails its request alone: each row on its own
+                logger.warning("sampling a step failed; its rows are sampled one by one")
+                tokens, logprobs, failed = each_row(
+                    len(sampled),
+                    lambda i: self._sample(logits_of(last_hidden[i : i + 1]), [sampled[i]]),
+                )
         found = iter(tokens)
         step = StepOutput([next(found) if chunk.sample else None for chunk in chunks])
+        if failed:
+            index = [i for i, chunk in enumerate(chunks) if chunk.sample]
+            step.errors = {index[row]: message for row, message in failed.items()}
         if logprobs is not None:
             found_lp = iter(logprobs)
             step.logprobs = [next(found_lp) if chunk.sample else None for chunk in chunks]

@@ -18,6 +18,7 @@ ALLOWED = (
     "kvserve.model.checkpoint.tokenizer",
     "kvserve.prompt_fields",
     "kvserve.graceful_server",
+    "kvserve.version",
 )
 
 

@@ -49,7 +49,7 @@ def filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.
     temps = torch.tensor([p.temperature for p in params], device=device, dtype=logits.dtype)
     logits = logits / temps[:, None]
     vocab = logits.shape[-1]
-    top_k = [p.top_k if p.top_k > 0 else vocab for p in params]
+    top_k = [min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params]
     top_p = [p.top_p for p in params]
     if any(k < vocab for k in top_k) or any(p < 1.0 for p in top_p):
         logits = _top_k_top_p(logits, top_k, top_p)
