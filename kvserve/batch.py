@@ -93,13 +93,15 @@ def each_row(
     logprobs: list[TokenLogprobs | None] = []
     failed: dict[int, str] = {}
     for row in range(num_rows):
+        token: int | None
         try:
             found, found_logprobs = run_row(row)
+            token = found[0]
         except Exception as exc:
             log.exception("sampling row %d failed: only its request fails", row)
             failed[row] = f"{type(exc).__name__}: {exc}"[:500]
-            found, found_logprobs = [None], None  # type: ignore[list-item]
-        tokens.append(found[0])
+            token, found_logprobs = None, None
+        tokens.append(token)
         logprobs.append(found_logprobs[0] if found_logprobs else None)
     return tokens, (logprobs if any(lp is not None for lp in logprobs) else None), failed
 
@@ -113,9 +115,14 @@ class Runner(Protocol):
     hash_block_size: int
     eos_token_ids: set[int]
     vocab_size: int
-    max_model_len: int | None
-    model_dir: Path | None
-    """The checkpoint path (a Hugging Face directory or a GGUF file); None without a model."""
+
+    @property
+    def max_model_len(self) -> int | None: ...
+
+    @property
+    def model_dir(self) -> Path | None:
+        """The checkpoint path (a Hugging Face directory or a GGUF file); None without a model."""
+        ...
 
     @property
     def tokenizer(self) -> Any | None: ...

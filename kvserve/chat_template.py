@@ -58,9 +58,10 @@ def openai_messages(messages: Any) -> list[Message]:
         content = message.get("content")
         if isinstance(content, list):
             parts = [p.get("text") for p in content if isinstance(p, dict)]
-            if len(parts) != len(content) or not all(isinstance(p, str) for p in parts):
+            texts = [p for p in parts if isinstance(p, str)]
+            if len(texts) != len(content):
                 raise ValueError(f"messages[{i}]: only text content parts")
-            content = "".join(parts)  # type: ignore[arg-type]
+            content = "".join(texts)
         if not isinstance(content, str):
             raise ValueError(f"messages[{i}] needs a string 'content'")
         out.append({"role": message["role"], "content": content})

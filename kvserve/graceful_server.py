@@ -18,6 +18,7 @@ import asyncio
 import logging
 import time
 from types import FrameType
+from typing import cast
 
 import uvicorn
 from starlette.requests import ClientDisconnect
@@ -29,8 +30,9 @@ DISCONNECT_LOG_SECONDS = 10.0
 
 class GracefulServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, shutdown_timeout: float) -> None:
+        # uvicorn's app type admits ASGI2 classes too; an app given here is an ASGI3 one
         if not isinstance(config.app, str):
-            config.app = QuietDisconnects(config.app)
+            config.app = QuietDisconnects(cast(ASGIApp, config.app))
         super().__init__(config)
         self.shutdown_timeout = shutdown_timeout
         self.hurry = asyncio.Event()
@@ -38,7 +40,7 @@ class GracefulServer(uvicorn.Server):
         self.signalled = False
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    async def startup(self, sockets: list | None = None) -> None:  # type: ignore[override]
+    async def startup(self, sockets: list | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         await super().startup(sockets)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import NoReturn
 
 from kvserve.cli import chat, events, generate, kv_metadata, route, serve, simulate
 from kvserve.cli.common import add_log_level, configure_logging
@@ -13,7 +14,7 @@ from kvserve.version import version
 class _Parser(argparse.ArgumentParser):
     """A bad option is one line on stderr (argparse's usage block would bury it), exit 2."""
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from typing import overload
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOOPBACK_EVENTS_ENDPOINT = "tcp://127.0.0.1:5557"
@@ -65,6 +66,10 @@ def add_kv_events_linger(group: argparse._ArgumentGroup) -> None:
     )
 
 
+@overload
+def loopback_events(config: str) -> str: ...
+@overload
+def loopback_events(config: str | None) -> str | None: ...
 def loopback_events(config: str | None) -> str | None:
     """KV events carry every prompt's token ids: unless the config names an endpoint,
     serve binds its event sockets to loopback (vLLM binds every interface)."""

@@ -40,7 +40,7 @@ STOP_GRACE_SECONDS = 10.0
 def rank_events(config: str | None, size: int) -> list[str]:
     """Each rank's --kv-events-config: events on, a replay socket, ports clear of each other."""
     text = loopback_events(config or '{"enable_kv_cache_events": true}')
-    value = json.loads(text)  # type: ignore[arg-type]
+    value = json.loads(text)
     cfg = KVEventsConfig.from_any(value)  # a bad key or value: its one-line error
     if not cfg.active:
         log.warning("KV events are off: the router predicts no hits (least load decides)")

@@ -36,8 +36,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from kvserve.kvcache.config import KVCacheConfig
     from kvserve.kvcache.event_metadata import kv_events_metadata
-    from kvserve.kvcache.manager import KVCacheConfig, KVCacheManager
+    from kvserve.kvcache.manager import KVCacheManager
     from kvserve.model.checkpoint.config import load_model_config
     from kvserve.model.memory.kv_layout import layer_kv_specs
     from kvserve.model.memory.layer_groups import group_layers

@@ -179,7 +179,8 @@ def run(args: argparse.Namespace) -> int:
         port=args.port,
         log_level=args.log_level,
         timeout_graceful_shutdown=5,
-        timeout_keep_alive=limits.keep_alive_timeout,
+        # uvicorn annotates an int, and hands the seconds to call_later, which takes a float
+        timeout_keep_alive=limits.keep_alive_timeout,  # type: ignore[arg-type]  # a float works
         http=timed_h11(limits.header_timeout, limits.send_timeout),
     )
     server = DrainingServer(config, state, args.shutdown_timeout)

@@ -38,6 +38,7 @@ class LLMEngine:
         args = args or EngineArgs()
         from kvserve.model.runner import ModelRunner  # torch stays out of kvcache imports
 
+        assert not isinstance(args.kv_cache_memory, str)  # EngineArgs made it bytes
         runner = ModelRunner(
             model,
             block_size=args.block_size,

@@ -316,6 +316,7 @@ class Scheduler:
         self.stats.manager_seconds += clock() - t0
         self.stats.steps += 1
         fail = _fail
+        status: RequestStatus | None
         finished: list[Request] = []
         stats = self.stats
         check = self.stop_checker.check

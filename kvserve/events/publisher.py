@@ -85,18 +85,18 @@ class ZmqEventPublisher:
         self.dropped = 0
         """Batches dropped because the queue was full (their seqs are gaps)."""
         self.sent = 0
-        ctx = zmq.Context.instance()
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._pub = ctx.socket(zmq.PUB)
         self._pub.setsockopt(zmq.LINGER, 0)
         self._pub.set_hwm(config.hwm)
         self._replay: zmq.Socket | None = None
         self._replies: ReplayReplies | None = None
         try:
-            bind = config.bind if config.bind is not None else should_bind(self.endpoint)  # type: ignore[arg-type]
+            bind = config.bind if config.bind is not None else should_bind(self.endpoint)
             if bind:
-                self._pub.bind(self.endpoint)  # type: ignore[arg-type]
+                self._pub.bind(self.endpoint)
             else:
-                self._pub.connect(self.endpoint)  # type: ignore[arg-type]
+                self._pub.connect(self.endpoint)
             if self.replay_endpoint:
                 self._replay = ctx.socket(zmq.ROUTER)
                 self._replay.setsockopt(zmq.LINGER, 0)

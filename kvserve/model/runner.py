@@ -13,6 +13,7 @@ are managed (docs/design.md: data flows one way).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from kvserve.model.loader import load_model
 from kvserve.model.memory.kv_layout import layer_caches, layer_kv_specs
 from kvserve.model.memory.kv_memory import allocate_kv_caches, cpu_kv_cache_memory, num_blocks_for
 from kvserve.model.memory.layer_groups import GroupLayout, group_layers
+from kvserve.model.models import DecoderForCausalLM
 from kvserve.model.sampling.logprobs import token_logprobs
 from kvserve.model.sampling.penalties import apply_penalties
 from kvserve.model.sampling.sampler import sample
@@ -108,7 +110,9 @@ class ModelRunner:
         self.quantization = quantization
         """How the weights are stored (kvserve.model.quant.quantize); part of the tiers'
         fingerprint."""
-        self.model, self.config = load_model(self.model_dir, self.dtype, self.device, quantization)
+        model, self.config = load_model(self.model_dir, self.dtype, self.device, quantization)
+        self.model: DecoderForCausalLM | None = model
+        """None once released."""
         self.hash_block_size = block_size
         self.layer_groups: GroupLayout = group_layers(
             layer_kv_specs(self.config, block_size, self.dtype)
@@ -259,8 +263,10 @@ class ModelRunner:
             if not rows:
                 return StepOutput([None] * len(chunks))
             last_hidden, logits_of = hidden[rows], self.model.compute_logits
+            tokens: Sequence[int | None]
+            failed: dict[int, str] = {}
             try:
-                tokens, logprobs, failed = *self._sample(logits_of(last_hidden), sampled), {}
+                tokens, logprobs = self._sample(logits_of(last_hidden), sampled)
             except Exception:  # one row's fault fails its request alone: each row on its own
                 logger.warning("sampling a step failed; its rows are sampled one by one")
                 tokens, logprobs, failed = each_row(
@@ -283,16 +289,19 @@ class ModelRunner:
         """One token per chunk from its float32 logits row; logprobs for the rows that ask
         (of the raw logits, taken before penalties and bias change them)."""
         params = [chunk.params for chunk in chunks]
-        asked = [i for i, p in enumerate(params) if p is not None and p.logprobs is not None]
-        raw = torch.log_softmax(logits[asked], dim=-1) if asked else None
+        asked = [
+            (i, n) for i, p in enumerate(params) if p is not None and (n := p.logprobs) is not None
+        ]
+        rows = [i for i, _ in asked]
+        raw = torch.log_softmax(logits[rows], dim=-1) if rows else None
         apply_penalties(logits, chunks)
         generators = [self._generator(chunk) for chunk in chunks]
         tokens = sample(logits, params, generators, [self._banned(chunk) for chunk in chunks])
         if raw is None:
             return tokens, None
-        found = token_logprobs(raw, [tokens[i] for i in asked], [params[i].logprobs for i in asked])
+        found = token_logprobs(raw, [tokens[i] for i in rows], [n for _, n in asked])
         logprobs: list[TokenLogprobs | None] = [None] * len(chunks)
-        for i, row in zip(asked, found, strict=True):
+        for i, row in zip(rows, found, strict=True):
             logprobs[i] = row
         return tokens, logprobs
 

@@ -176,16 +176,17 @@ class DiskTier:
 
     def put(self, key: bytes, payload: bytes) -> list[bytes]:
         final = self.file_path(key)
+        data: bytes | memoryview = payload
         if type(payload) is not bytes:
-            payload = memoryview(payload).cast("B")  # len() in bytes, whatever the item type
-        size = self.stored_size(len(key), len(payload))
+            data = memoryview(payload).cast("B")  # len() in bytes, whatever the item type
+        size = self.stored_size(len(key), len(data))
         if size > self.capacity:
             return []
         try:
-            tmp = self._write_tmp(final, key, payload)  # outside the lock: gets go on meanwhile
+            tmp = self._write_tmp(final, key, data)  # outside the lock: gets go on meanwhile
         except FileNotFoundError:  # the directory was removed: make it again, once
             os.makedirs(self.path, exist_ok=True)
-            tmp = self._write_tmp(final, key, payload)
+            tmp = self._write_tmp(final, key, data)
         if time.monotonic() - self._last_scan >= self.rescan_interval:
             self._catch_up()  # other processes may have added or removed files
         with self._lock:
@@ -219,7 +220,7 @@ class DiskTier:
             "KV block path %s is not a regular file: a miss, left alone (warned once)", path
         )
 
-    def _write_tmp(self, final: str, key: bytes, payload: bytes) -> str:
+    def _write_tmp(self, final: str, key: bytes, payload: bytes | memoryview) -> str:
         """The block written to a temp file beside `final`; OSError if it cannot be."""
         tmp = f"{final}.{os.getpid()}-{secrets.token_hex(4)}{TMP_SUFFIX}"
         try:

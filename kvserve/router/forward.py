@@ -33,7 +33,7 @@ import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import httpx
 from fastapi import Request, Response
@@ -289,9 +289,9 @@ class _Relay(StreamingResponse):
 
     def __init__(
         self, content: AsyncIterator[bytes], *, upstream: httpx.Response,
-        on_close: Callable[[], None], **kwargs: object,
+        on_close: Callable[[], None], **kwargs: Any,
     ) -> None:  # fmt: skip
-        super().__init__(content, **kwargs)  # type: ignore[arg-type]
+        super().__init__(content, **kwargs)
         self.upstream = upstream
         self.on_close = on_close
 

@@ -35,7 +35,9 @@ def timed_h11(header_timeout: float, send_timeout: float) -> type[H11Protocol]:
         _header_timer: asyncio.TimerHandle | None = None
         _send_timer: asyncio.TimerHandle | None = None
 
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        def connection_made(  # type: ignore[override]  # uvicorn's: narrower than asyncio's
+            self, transport: asyncio.Transport
+        ) -> None:
             super().connection_made(transport)
             self._arm_header_timer()
 

@@ -15,6 +15,7 @@ shared prefix once for a group was measured slower on the CPU: benchmarks/README
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -81,7 +82,7 @@ class AttentionMetadata:
     @classmethod
     def build(
         cls,
-        spans: list[tuple[int, int, list[int], int]],
+        spans: Sequence[tuple[int, int, Sequence[int], int]],
         block_size: int,
         device: torch.device,
         window: int | None = None,
@@ -146,7 +147,7 @@ class AttentionMetadata:
         return cls(slot_tensor, index, prefills, groups, window, whole)
 
 
-def _slots(table: list[int], end: int, block_size: int, device: torch.device) -> torch.Tensor:
+def _slots(table: Sequence[int], end: int, block_size: int, device: torch.device) -> torch.Tensor:
     """Flat cache slots of positions [0, end) through a block table."""
     blocks = torch.tensor(table, dtype=torch.long, device=device)
     pos = torch.arange(end, device=device)

@@ -18,6 +18,7 @@ the visited blocks.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -58,7 +59,7 @@ class FlexMetadata:
     @classmethod
     def build(
         cls,
-        spans: list[tuple[int, int, list[int], int]],
+        spans: Sequence[tuple[int, int, Sequence[int], int]],
         block_size: int,
         device: torch.device,
         window: int | None = None,

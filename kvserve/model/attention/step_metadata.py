@@ -93,7 +93,10 @@ def state_metadata(chunks: list[SeqChunk], group: int) -> Any:
     segments = []
     row = 0
     for chunk in chunks:
-        plan = chunk.plan.state_plans[group]  # checked by the runner
+        plans = chunk.plan.state_plans
+        assert plans is not None  # the runner checked every chunk's state plans
+        plan = plans[group]
+        assert plan is not None
         num = chunk.plan.num_tokens
         segments.append(StateSegment(row, num, plan.state_in, plan.state_out, list(plan.snapshots)))
         row += num

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 from functools import cache
+from typing import TypedDict
 
 import torch
 import triton
@@ -175,6 +176,23 @@ def _multiprocessors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+class AttentionConstants(TypedDict):
+    """The attention kernel's compile-time constants, and its launch's warps."""
+
+    GROUP: int
+    GROUP_P2: int
+    BLOCK_Q: int
+    HEAD_DIM: int
+    HEAD_DIM_P2: int
+    TILE: int
+    SOFTCAP: bool
+    WINDOW: bool
+    PRECISION: str
+    UPCAST: bool
+    SPLITS: int
+    num_warps: int
+
+
 @cache
 def attention_constants(
     dtype: torch.dtype,
@@ -185,7 +203,7 @@ def attention_constants(
     softcap: float | None,
     window: int | None,
     splits: int = 1,
-) -> dict[str, int | bool | str]:
+) -> AttentionConstants:
     """The attention kernel's compile-time constants (and its warps) for one layer shape
     and step kind: each distinct set is one compiled kernel. Asked per layer and step,
     so cached (the dict is shared: read it, never change it)."""
@@ -197,7 +215,7 @@ def attention_constants(
     rows, tile = (MIN_DOT, DECODE_TILE)
     if not decode_only:  # more rows: fewer passes over the same keys
         rows, tile = next((v for k, v in PREFILL_SIZES.items() if row_bytes <= k), (16, 16))
-    return dict(
+    return AttentionConstants(
         GROUP=group,
         GROUP_P2=group_p2,
         BLOCK_Q=max(1, rows // group_p2),  # a decode's tile is its one token

@@ -98,20 +98,16 @@ def llama3_from_divisors(divisors: np.ndarray, theta: float, head_dim: int) -> d
     if edges is not None:
         high_wavelen, low_wavelen = edges
         original = max(1, round(low_wavelen))
+        low_freq_factor, high_freq_factor = original / low_wavelen, original / high_wavelen
         params = {
             "rope_type": "llama3",
             "factor": factor,
-            "low_freq_factor": original / low_wavelen,
-            "high_freq_factor": original / high_wavelen,
+            "low_freq_factor": low_freq_factor,
+            "high_freq_factor": high_freq_factor,
             "original_max_position_embeddings": original,
         }
         again = llama3_divisors(
-            theta,
-            head_dim,
-            factor,
-            params["low_freq_factor"],
-            params["high_freq_factor"],
-            original,
+            theta, head_dim, factor, low_freq_factor, high_freq_factor, original
         )
         if np.allclose(again, divisors, rtol=RTOL):
             return params

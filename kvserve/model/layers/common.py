@@ -49,6 +49,7 @@ class GatedMLP(nn.Module):
     FUSED_PROJECTIONS: ClassVar[dict[str, tuple[str, ...]]] = {
         "gate_up_proj": ("gate_proj", "up_proj")
     }
+    gate_up_proj: nn.Module  # set by the fusion
 
     def __init__(self, hidden: int, intermediate: int, bias: bool) -> None:
         super().__init__()

@@ -12,6 +12,8 @@ AttentionMetadata, mamba layers (conv_states, ssm_states) and a StateMetadata.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
 
@@ -91,7 +93,8 @@ class BambaForCausalLM(DecoderForCausalLM):
         if config.mamba is None or len(config.layer_kinds) != config.num_layers:
             raise ValueError("BambaForCausalLM needs a config parsed with its layer kinds")
         self.config = config
-        self.model = BambaModel(config)
+        # The base class declares a DecoderModel: Bamba's has mamba layers and final_layernorm.
+        self.model: BambaModel = BambaModel(config)  # type: ignore[assignment]  # Bamba's own stack
         self.lm_head = (
             None
             if config.tie_word_embeddings
@@ -107,13 +110,14 @@ class BambaForCausalLM(DecoderForCausalLM):
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        metas: list[LayerMeta],
+        metas: Sequence[LayerMeta],
     ) -> torch.Tensor:
         """Per layer: (k_cache, v_cache) + AttentionMetadata, or (conv_states, ssm_states) +
         StateMetadata, as config.layer_kinds says."""
         x = self.model.embed_tokens(input_ids)
         cos_sin = None
         if "attention" in self.config.layer_kinds:
+            assert self.rotary is not None  # init_rotary (the loader calls it)
             cos_sin = self.rotary.cos_sin(positions, x.dtype)
         for layer, cache, meta in zip(self.model.layers, kv_caches, metas, strict=True):
             x = layer(x, cos_sin, cache, meta)

@@ -35,13 +35,13 @@ class LinearParts(nn.Module):
 def stack_linears(parts: list[nn.Module]) -> nn.Module:
     """One layer computing every part on the same input, their outputs side by side."""
     kinds = {type(p) for p in parts}
-    stacked = None
+    stacked: nn.Module | None = None
     if kinds == {nn.Linear}:
-        stacked = _stacked_linear(parts)
+        stacked = _stacked_linear([p for p in parts if isinstance(p, nn.Linear)])
     elif kinds == {Int8Linear}:
-        stacked = Int8Linear.stacked(parts)
+        stacked = Int8Linear.stacked([p for p in parts if isinstance(p, Int8Linear)])
     elif kinds == {Int4Linear}:
-        stacked = Int4Linear.stacked(parts)
+        stacked = Int4Linear.stacked([p for p in parts if isinstance(p, Int4Linear)])
     return LinearParts(parts) if stacked is None else stacked
 
 

@@ -106,7 +106,8 @@ def keeps_blocks(tensor: ReaderTensor) -> bool:
     """Whether a weight's blocks go to the int4 kernel as they are."""
     if tensor.tensor_type not in INT4_TYPES or len(tensor.shape) != 2:
         return False
-    return int4_fits(*tensor_shape(tensor), GROUP)
+    out_features, in_features = tensor_shape(tensor)
+    return int4_fits(out_features, in_features, GROUP)
 
 
 def gguf_packed_layers(

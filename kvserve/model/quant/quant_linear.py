@@ -21,6 +21,8 @@ in float32 through the kernel itself (the tests' reference).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
 
@@ -97,6 +99,9 @@ class PackedLinear(nn.Module):
 class Int8Linear(PackedLinear):
     """Per-output-channel symmetric int8: w ~= weight[n, k] * scales[n]."""
 
+    weight_int8: torch.Tensor  # buffers (register_buffer)
+    scales: torch.Tensor
+
     def __init__(
         self, weight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
     ) -> None:
@@ -140,6 +145,9 @@ class Int8Linear(PackedLinear):
 
 class Int4Linear(PackedLinear):
     """Group-wise asymmetric int4: w ~= (q - 8) * scale + zero, per group of input columns."""
+
+    packed: torch.Tensor  # buffers (register_buffer)
+    scales_and_zeros: torch.Tensor
 
     def __init__(
         self,
@@ -228,17 +236,18 @@ class Int4Linear(PackedLinear):
         return f"{super().extra_repr()}, group={self.group_size}"
 
 
-def same_layout(parts: list[PackedLinear]) -> bool:
+def same_layout(parts: Sequence[PackedLinear]) -> bool:
     """Whether packed layers can be stacked into one: the same kind, input width, compute
     dtype and group, and a bias on all or none."""
     return len({p.layout() for p in parts}) == 1
 
 
-def stacked_bias(parts: list[nn.Module]) -> torch.Tensor | None:
+def stacked_bias(parts: Sequence[nn.Linear | PackedLinear]) -> torch.Tensor | None:
     """The biases of layers whose rows are stacked (all of them have one, or none)."""
-    if parts[0].bias is None:
+    biases = [p.bias for p in parts]
+    if biases[0] is None:
         return None
-    return torch.cat([p.bias.detach() for p in parts])
+    return torch.cat([b.detach() for b in biases if b is not None])
 
 
 def packed_bytes(module: nn.Module) -> int:

@@ -34,7 +34,13 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from kvserve.model.quant.quant_linear import Int4Linear, Int8Linear, int4_fits, int8_fits
+from kvserve.model.quant.quant_linear import (
+    Int4Linear,
+    Int8Linear,
+    PackedLinear,
+    int4_fits,
+    int8_fits,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +90,7 @@ class QuantSummary:
 
 def linear_modules(model: nn.Module) -> dict[str, nn.Linear]:
     """The decoder layers' linear projections and an untied lm_head, by qualified name."""
-    layers = model.model.layers
+    layers = model.get_submodule("model.layers")
     found = {
         f"model.layers.{name}": module
         for name, module in layers.named_modules()
@@ -98,7 +104,9 @@ def linear_modules(model: nn.Module) -> dict[str, nn.Linear]:
 def packing_targets(model: nn.Module) -> dict[str, tuple[str, torch.Tensor | None]]:
     """Module name -> (the parameter whose weight it packs, its bias): the linear modules,
     and for a tied lm_head the embeddings (the module is then added)."""
-    targets = {name: (f"{name}.weight", m.bias) for name, m in linear_modules(model).items()}
+    targets: dict[str, tuple[str, torch.Tensor | None]] = {
+        name: (f"{name}.weight", m.bias) for name, m in linear_modules(model).items()
+    }
     if model.lm_head is None:
         targets["lm_head"] = ("model.embed_tokens.weight", None)
     return targets
@@ -115,6 +123,7 @@ def quantize_model(model: nn.Module, mode: str) -> QuantSummary:
     if mode not in ("int8", "int4"):
         return summary
     for name, (weight_name, bias) in packing_targets(model).items():
+        packed: PackedLinear
         weight = model.get_parameter(weight_name)
         out_features, in_features = weight.shape
         as_int4 = mode == "int4" and name != "lm_head"  # int4 logits cost 7 % perplexity

@@ -23,10 +23,13 @@ from kvserve.batch import SeqChunk
 
 def apply_penalties(logits: torch.Tensor, chunks: Sequence[SeqChunk]) -> None:
     """Adjust, in place, the rows of float32 `logits` [N, vocab] (one per chunk) that ask."""
-    rows = [i for i, c in enumerate(chunks) if c.params is not None and c.params.adjusts_logits]
-    if not rows:
+    asking = [
+        (i, p) for i, c in enumerate(chunks) if (p := c.params) is not None and p.adjusts_logits
+    ]
+    if not asking:
         return
-    params = [chunks[i].params for i in rows]
+    rows = [i for i, _ in asking]
+    params = [p for _, p in asking]
     device = logits.device
     vocab = logits.shape[-1]
     adjusted = logits[rows]

@@ -29,9 +29,10 @@ def sample(
             if ids:
                 logits[row, list(ids)] = float("-inf")
     tokens = logits.argmax(dim=-1)
-    rows = [i for i, p in enumerate(params) if p is not None and p.temperature > 0]
+    sampled = [(i, p) for i, p in enumerate(params) if p is not None and p.temperature > 0]
+    rows = [i for i, _ in sampled]
     if rows:
-        probs = filtered_probs(logits[rows], [params[i] for i in rows])
+        probs = filtered_probs(logits[rows], [p for _, p in sampled])
         # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p exactly, one
         # generator call per row (each request's own stream), no cumulative-sum search.
         noise = torch.empty_like(probs)
