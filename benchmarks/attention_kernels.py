@@ -5,7 +5,7 @@ Run: .venv/bin/python benchmarks/attention_kernels.py [--device cuda] [--backend
 Each case is one layer of Qwen3-0.6B's shape (16 query / 8 kv heads of 128; change
 with --heads / --kv-heads / --head-dim) over a paged cache of 16-token blocks in
 shuffled order: a decode step of B sequences each with C tokens of context, or a
-prefill of N fresh tokens. For every backend (kvserve.model.attention's plain path,
+prefill of N fresh tokens. For every backend (plain torch: kvserve.model.attention.plain,
 flex, triton) the metadata is built once, untimed (as the runner does once per step
 for all layers), then paged_attention (store the step's K/V, attend) runs --repeat
 times after two warm calls; the table gives the median microseconds, each backend's
@@ -29,8 +29,8 @@ import time
 import torch
 
 from kvserve.cli.common import positive
-from kvserve.model.attention import paged_attention
-from kvserve.model.step_metadata import METADATA_BUILDERS
+from kvserve.model.attention.plain import paged_attention
+from kvserve.model.attention.step_metadata import METADATA_BUILDERS
 
 BLOCK = 16
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}

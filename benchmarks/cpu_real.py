@@ -72,7 +72,7 @@ QUESTIONS = [
 def prompts(quick: bool) -> tuple[list[list[int]], int, int]:
     """(token ids per request, output tokens each, eos id) through the model's template."""
     from kvserve.default_model import default_model_path
-    from kvserve.model.tokenizer import load_tokenizer
+    from kvserve.model.checkpoint.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(default_model_path())
     questions = QUESTIONS[:4] if quick else QUESTIONS
@@ -96,7 +96,7 @@ TTFT_TOKENS = 1000
 def long_prompt() -> list[int]:
     """TTFT_TOKENS token ids of English text (the questions and answers' kind of prose)."""
     from kvserve.default_model import default_model_path
-    from kvserve.model.tokenizer import load_tokenizer
+    from kvserve.model.checkpoint.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(default_model_path())
     text = " ".join(f"{SYSTEM} {q}" for q in QUESTIONS)

@@ -174,8 +174,8 @@ def kvserve_worker(args: argparse.Namespace, model_dir: str, items: list) -> dic
 
     # The engine's own lines: `warm-up: N shapes in X s`, `CUDA graphs: ... captured in X s`.
     warmup_log, graphs_log = (
-        _log_lines("kvserve.model.warmup"),
-        _log_lines("kvserve.model.decode_graphs"),
+        _log_lines("kvserve.model.memory.warmup"),
+        _log_lines("kvserve.model.attention.decode_graphs"),
     )
     t0 = time.perf_counter()
     extra = parse_engine_args(args.engine_arg)

@@ -255,8 +255,8 @@ def run_live(args: argparse.Namespace, notes: list[str]) -> tuple[str, list[Live
     """(model description, one result per target that ran)."""
     import tempfile
 
+    from kvserve.model.checkpoint.tokenizer import load_tokenizer
     from kvserve.model.demo import ensure_demo_model
-    from kvserve.model.tokenizer import load_tokenizer
 
     if args.model is None:
         args.model = ensure_demo_model()

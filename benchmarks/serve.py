@@ -182,7 +182,7 @@ def main() -> int:
         print(json.dumps(llm_worker(args)))
         return 0
     from kvserve.default_model import resolve_model
-    from kvserve.model.tokenizer import load_tokenizer
+    from kvserve.model.checkpoint.tokenizer import load_tokenizer
 
     try:
         model = resolve_model(args.model)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from kvserve.version import __version__ as __version__
+
 __all__ = ["LLM", "CompletionOutput", "KVEventsConfig", "RequestOutput", "SamplingParams"]
 
 if TYPE_CHECKING:

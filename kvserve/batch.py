@@ -10,7 +10,8 @@ chunks whose request asked for them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -18,6 +19,8 @@ from typing import Any, Protocol
 from kvserve.kvcache.plan import StepPlan
 from kvserve.kvcache.specs import KVCacheSpec
 from kvserve.sampling_params import SamplingParams
+
+log = logging.getLogger("kvserve.engine")
 
 
 @dataclass(slots=True)
@@ -73,6 +76,34 @@ class StepOutput:
     logprobs: list[TokenLogprobs | None] | None = None
     """Per chunk, for the sampled chunks whose params ask for logprobs; None when no
     chunk of the step asked (the common case costs nothing)."""
+    errors: dict[int, str] | None = None
+    """Chunk index -> why its row failed (its token is None): the engine fails that
+    request alone and the step's other tokens stand. None when every row sampled."""
+
+
+RowResult = tuple[list[int], list[TokenLogprobs | None] | None]
+
+
+def each_row(
+    num_rows: int, run_row: Callable[[int], RowResult]
+) -> tuple[list[int | None], list[TokenLogprobs | None] | None, dict[int, str]]:
+    """A step's sampling redone row by row after the batched pass failed: a row whose
+    own work raises gets None and its error (row -> message); the others their tokens."""
+    tokens: list[int | None] = []
+    logprobs: list[TokenLogprobs | None] = []
+    failed: dict[int, str] = {}
+    for row in range(num_rows):
+        token: int | None
+        try:
+            found, found_logprobs = run_row(row)
+            token = found[0]
+        except Exception as exc:
+            log.exception("sampling row %d failed: only its request fails", row)
+            failed[row] = f"{type(exc).__name__}: {exc}"[:500]
+            token, found_logprobs = None, None
+        tokens.append(token)
+        logprobs.append(found_logprobs[0] if found_logprobs else None)
+    return tokens, (logprobs if any(lp is not None for lp in logprobs) else None), failed
 
 
 class Runner(Protocol):
@@ -84,9 +115,14 @@ class Runner(Protocol):
     hash_block_size: int
     eos_token_ids: set[int]
     vocab_size: int
-    max_model_len: int | None
-    model_dir: Path | None
-    """The checkpoint path (a Hugging Face directory or a GGUF file); None without a model."""
+
+    @property
+    def max_model_len(self) -> int | None: ...
+
+    @property
+    def model_dir(self) -> Path | None:
+        """The checkpoint path (a Hugging Face directory or a GGUF file); None without a model."""
+        ...
 
     @property
     def tokenizer(self) -> Any | None: ...

@@ -40,6 +40,10 @@ def _check(conversation: list[Any], index: int) -> None:
             raise ValueError(f"conversation {index}, message {j}: needs a string 'content'")
 
 
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+"""OpenAI's message roles: any other is refused, not handed to the template."""
+
+
 def openai_messages(messages: Any) -> list[Message]:
     """OpenAI's `messages` as the template sees them: role and content only, content
     given as text parts joined into one string (the server and the router agree on it)."""
@@ -49,12 +53,15 @@ def openai_messages(messages: Any) -> list[Message]:
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise ValueError(f"messages[{i}] needs a string 'role'")
+        if message["role"] not in ROLES:
+            raise ValueError(f"messages[{i}]: role must be one of {', '.join(ROLES)}")
         content = message.get("content")
         if isinstance(content, list):
             parts = [p.get("text") for p in content if isinstance(p, dict)]
-            if len(parts) != len(content) or not all(isinstance(p, str) for p in parts):
+            texts = [p for p in parts if isinstance(p, str)]
+            if len(texts) != len(content):
                 raise ValueError(f"messages[{i}]: only text content parts")
-            content = "".join(parts)  # type: ignore[arg-type]
+            content = "".join(texts)
         if not isinstance(content, str):
             raise ValueError(f"messages[{i}] needs a string 'content'")
         out.append({"role": message["role"], "content": content})

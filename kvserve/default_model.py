@@ -40,8 +40,8 @@ def resolve_model(model: str | None) -> ResolvedModel:
     if model == DEMO_MODEL:
         from kvserve.model.demo import ensure_demo_model  # writes it once, with torch
 
-        path = ensure_demo_model()
-        return ResolvedModel(path, f"the built-in demo model at {path}", random_weights=True)
+        demo = ensure_demo_model()
+        return ResolvedModel(demo, f"the built-in demo model at {demo}", random_weights=True)
     return ResolvedModel(model, model)
 
 

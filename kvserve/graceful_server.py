@@ -5,18 +5,34 @@ closed (so the process dies by it, not with exit code 0). Here the first
 signal runs the subclass's `drain` (on the event loop; it decides what
 "draining" means), then closes; a second signal sets `hurry`, which `drain`
 watches to skip its wait. `kvserve serve` and `kvserve route` share it.
+
+It also quiets one ordinary event: a client that leaves while sending its body
+makes the handler's body read raise ClientDisconnect, which uvicorn would log
+as an ERROR with a full traceback (500 slow sockets: ~10,000 lines). Here it is
+one line, at most one every `DISCONNECT_LOG_SECONDS`, counting the others.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from types import FrameType
+from typing import cast
 
 import uvicorn
+from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+log = logging.getLogger("kvserve.server")
+DISCONNECT_LOG_SECONDS = 10.0
 
 
 class GracefulServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, shutdown_timeout: float) -> None:
+        # uvicorn's app type admits ASGI2 classes too; an app given here is an ASGI3 one
+        if not isinstance(config.app, str):
+            config.app = QuietDisconnects(cast(ASGIApp, config.app))
         super().__init__(config)
         self.shutdown_timeout = shutdown_timeout
         self.hurry = asyncio.Event()
@@ -24,7 +40,7 @@ class GracefulServer(uvicorn.Server):
         self.signalled = False
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    async def startup(self, sockets: list | None = None) -> None:  # type: ignore[override]
+    async def startup(self, sockets: list | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         await super().startup(sockets)
 
@@ -48,3 +64,28 @@ class GracefulServer(uvicorn.Server):
     async def drain(self) -> None:
         """Stop new work and wait (up to `shutdown_timeout`, or until `hurry`)."""
         raise NotImplementedError
+
+
+class QuietDisconnects:
+    """ASGI wrapper: ClientDisconnect out of the app is one rate-limited line, not a traceback
+    (there is no one left to answer)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self._last = -DISCONNECT_LOG_SECONDS
+        self._unlogged = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self.app(scope, receive, send)
+        except ClientDisconnect:
+            self._note(scope)
+
+    def _note(self, scope: Scope) -> None:
+        now = time.monotonic()
+        if now - self._last < DISCONNECT_LOG_SECONDS:
+            self._unlogged += 1
+            return
+        more = f" ({self._unlogged} more since the last line)" if self._unlogged else ""
+        log.info("a client left while sending its request to %s%s", scope.get("path"), more)
+        self._last, self._unlogged = now, 0

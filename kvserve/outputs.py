@@ -34,7 +34,8 @@ class CompletionOutput:
     token_ids: list[int]
     """The generated token ids (a stop token included), or the new ones (DELTA)."""
     finish_reason: str | None = None
-    """"stop" (EOS, stop token or stop string), "length", "abort", or None while running."""
+    """"stop" (EOS, stop token or stop string), "length", "abort", "error" (the engine
+    failed this request alone: RequestOutput.error says why), or None while running."""
     stop_reason: int | str | None = None
     """The stop token id or stop string that ended it, if any."""
     logprobs: list[dict[int, Logprob]] | None = None
@@ -56,3 +57,6 @@ class RequestOutput:
     finished: bool = False
     num_cached_tokens: int = 0
     """Prompt tokens not computed for this request (prefix hits), first completion."""
+    error: str | None = None
+    """Set when the engine failed this request alone (a fault in its own step work, such
+    as its sampling): it is finished, its other completions aborted."""

@@ -31,8 +31,11 @@ class RequestOutputKind(enum.Enum):
 class SamplingParams:
     """How to pick the next token and when to stop.
 
-    `temperature=0` is greedy. `top_k` of -1 or 0 and `top_p=1` / `min_p=0`
-    disable those filters. A `seed` makes a request's samples reproducible
+    `temperature=0` is greedy, and so is any temperature below `MIN_TEMPERATURE`
+    (vLLM's rule: dividing logits by 1e-38 gives infinities, not a distribution).
+    `top_k` of -1 or 0 and `top_p=1` / `min_p=0` disable those filters; a top_k
+    above the vocabulary keeps it all. Every integer fits a signed 64-bit integer
+    (a seed as vLLM takes it: [-2**63, 2**63 - 1]). A `seed` makes a request's samples reproducible
     whatever else runs in the same batch. Invalid values raise ValueError
     naming the field, so a bad request fails alone (design.md invariant 11).
 
@@ -77,6 +80,8 @@ class SamplingParams:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self._validate()
+        if self.temperature < MIN_TEMPERATURE:
+            self.temperature = 0.0
 
     def _validate(self) -> None:
         _check_int("n", self.n, minimum=1)
@@ -93,7 +98,7 @@ class SamplingParams:
         if not 0 <= self.min_p <= 1:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if self.seed is not None:
-            _check_int("seed", self.seed)
+            _check_int("seed", self.seed, minimum=INT64_MIN)
         _check_int("max_tokens", self.max_tokens, minimum=1)
         _check_int("min_tokens", self.min_tokens, minimum=0)
         if self.min_tokens > self.max_tokens:
@@ -102,20 +107,23 @@ class SamplingParams:
             )
         if self.stop is not None:
             if not isinstance(self.stop, list) or not all(isinstance(s, str) for s in self.stop):
-                raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}")
+                raise ValueError(
+                    f"stop must be a string or a list of strings, got {_short(self.stop)}"
+                )
             if any(s == "" for s in self.stop):
                 raise ValueError("stop must not contain empty strings")
         if self.stop_token_ids is not None:
             ids = self.stop_token_ids
             if not isinstance(ids, list | tuple) or not all(
-                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids
+                isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= INT64_MAX for t in ids
             ):
                 raise ValueError(
-                    f"stop_token_ids must be a list of non-negative integers, got {ids!r}"
+                    f"stop_token_ids must be a list of non-negative integers, got {_short(ids)}"
                 )
             self.stop_token_ids = list(ids)
         if not isinstance(self.output_kind, RequestOutputKind):
             raise ValueError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}")
+        _check_bool("ignore_eos", self.ignore_eos)
         _check_bool("skip_special_tokens", self.skip_special_tokens)
         _check_bool("include_stop_str_in_output", self.include_stop_str_in_output)
         if self.logprobs is not None:
@@ -149,6 +157,11 @@ class SamplingParams:
         )
 
 
+MIN_TEMPERATURE = 1e-5
+"""Temperatures below this are greedy (vLLM's _SAMPLING_EPS)."""
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+
 MAX_LOGPROBS = 20
 """The most top log-probabilities a request may ask for per token (OpenAI's limit)."""
 
@@ -158,14 +171,14 @@ MAX_LOGIT_BIAS = 100.0
 def _checked_bias(bias: object) -> dict[int, float]:
     """`logit_bias` with int keys (OpenAI's JSON gives digit strings) and checked values."""
     if not isinstance(bias, dict):
-        raise ValueError(f"logit_bias must be a dict of token id -> bias, got {bias!r}")
+        raise ValueError(f"logit_bias must be a dict of token id -> bias, got {_short(bias)}")
     checked: dict[int, float] = {}
     for key, value in bias.items():
         token = key
-        if isinstance(key, str) and key.isascii() and key.isdigit():
+        if isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 19:
             token = int(key)
-        if not isinstance(token, int) or isinstance(token, bool) or token < 0:
-            raise ValueError(f"logit_bias keys must be non-negative token ids, got {key!r}")
+        if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token <= INT64_MAX:
+            raise ValueError(f"logit_bias keys must be non-negative token ids, got {_short(key)}")
         _check_number(f"logit_bias[{token}]", value)
         if not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:
             raise ValueError(
@@ -176,16 +189,27 @@ def _checked_bias(bias: object) -> dict[int, float]:
     return checked
 
 
-def _check_int(name: str, value: object, minimum: int | None = None) -> None:
+def _check_int(name: str, value: object, minimum: int = INT64_MIN) -> None:
+    """An int (not a bool) in [minimum, 2**63 - 1]; the message never echoes a huge value."""
     if not isinstance(value, int) or isinstance(value, bool):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+        raise ValueError(f"{name} must be an integer, got {_short(value)}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {_short(value)}")
+    if value > INT64_MAX:
+        raise ValueError(f"{name} must be <= {INT64_MAX} (2**63 - 1), got {_short(value)}")
+
+
+def _short(value: object) -> str:
+    """A value as an error message shows it: at most 40 characters."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        return f"an integer of {value.bit_length()} bits"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _check_bool(name: str, value: object) -> None:
     if not isinstance(value, bool):
-        raise ValueError(f"{name} must be True or False, got {value!r}")
+        raise ValueError(f"{name} must be True or False, got {_short(value)}")
 
 
 def _check_number(name: str, value: object) -> None:
@@ -194,4 +218,4 @@ def _check_number(name: str, value: object) -> None:
         or isinstance(value, bool)
         or (isinstance(value, float) and not math.isfinite(value))
     ):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
+        raise ValueError(f"{name} must be a finite number, got {_short(value)}")

@@ -4,28 +4,17 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import NoReturn
 
 from kvserve.cli import chat, events, generate, kv_metadata, route, serve, simulate
 from kvserve.cli.common import add_log_level, configure_logging
-
-
-def version() -> str:
-    """The installed distribution's version; the source tree's when it is not installed."""
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as dist_version
-
-    try:
-        return dist_version("kvserve")
-    except PackageNotFoundError:
-        from kvserve import __version__
-
-        return __version__
+from kvserve.version import version
 
 
 class _Parser(argparse.ArgumentParser):
     """A bad option is one line on stderr (argparse's usage block would bury it), exit 2."""
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 

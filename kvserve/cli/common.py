@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+from typing import overload
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
+LOOPBACK_EVENTS_ENDPOINT = "tcp://127.0.0.1:5557"
 
 
 def positive(value: str) -> int:
@@ -62,6 +64,27 @@ def add_kv_events_linger(group: argparse._ArgumentGroup) -> None:
         metavar="SECONDS",
         help="keep serving KV event replay and snapshots this long after the run",
     )
+
+
+@overload
+def loopback_events(config: str) -> str: ...
+@overload
+def loopback_events(config: str | None) -> str | None: ...
+def loopback_events(config: str | None) -> str | None:
+    """KV events carry every prompt's token ids: unless the config names an endpoint,
+    serve binds its event sockets to loopback (vLLM binds every interface)."""
+    if config is None:
+        return None
+    import json
+
+    try:
+        value = json.loads(config)
+    except json.JSONDecodeError:
+        return config  # the engine says what is wrong with it
+    if isinstance(value, dict) and "endpoint" not in value:
+        value.update(endpoint=LOOPBACK_EVENTS_ENDPOINT, bind=True)
+        return json.dumps(value)
+    return config
 
 
 def add_log_level(parser: argparse.ArgumentParser) -> None:

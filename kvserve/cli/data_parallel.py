@@ -26,6 +26,7 @@ import time
 
 import httpx
 
+from kvserve.cli.common import loopback_events
 from kvserve.cli.engine_options import engine_argv
 from kvserve.engine.engine_args import EngineArgs
 from kvserve.events.config import KVEventsConfig
@@ -38,10 +39,8 @@ STOP_GRACE_SECONDS = 10.0
 
 def rank_events(config: str | None, size: int) -> list[str]:
     """Each rank's --kv-events-config: events on, a replay socket, ports clear of each other."""
-    from kvserve.cli.serve import loopback_events
-
     text = loopback_events(config or '{"enable_kv_cache_events": true}')
-    value = json.loads(text)  # type: ignore[arg-type]
+    value = json.loads(text)
     cfg = KVEventsConfig.from_any(value)  # a bad key or value: its one-line error
     if not cfg.active:
         log.warning("KV events are off: the router predicts no hits (least load decides)")
@@ -115,7 +114,7 @@ def run_data_parallel(
             urls.append(f"http://127.0.0.1:{port}")
             log.info("data-parallel rank %d: %s", rank, urls[-1])
         _wait_healthy(children, urls)
-        state = build_router(urls, "cache-aware", api_key)
+        state = build_router(urls, "cache-aware", api_key, max_request_bytes=args.max_request_bytes)
         serve_router(state, args.host, args.port, args.shutdown_timeout, args.log_level)
     finally:
         _stop(children, args.shutdown_timeout + STOP_GRACE_SECONDS)

@@ -36,11 +36,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from kvserve.kvcache.config import KVCacheConfig
     from kvserve.kvcache.event_metadata import kv_events_metadata
-    from kvserve.kvcache.manager import KVCacheConfig, KVCacheManager
-    from kvserve.model.config import load_model_config
-    from kvserve.model.kv_layout import layer_kv_specs
-    from kvserve.model.layer_groups import group_layers
+    from kvserve.kvcache.manager import KVCacheManager
+    from kvserve.model.checkpoint.config import load_model_config
+    from kvserve.model.memory.kv_layout import layer_kv_specs
+    from kvserve.model.memory.layer_groups import group_layers
     from kvserve.model.models import model_class
 
     config = load_model_config(args.model)

@@ -6,7 +6,7 @@ import argparse
 import logging
 import os
 
-from kvserve.cli.common import HelpFormatter
+from kvserve.cli.common import HelpFormatter, parse_bytes
 from kvserve.cli.serve import API_KEY_ENV
 from kvserve.routing import POLICIES
 
@@ -56,6 +56,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="seconds between two /health checks of each replica",
     )
     p.add_argument(
+        "--max-request-bytes",
+        type=parse_bytes,
+        metavar="SIZE",
+        help="a larger request body is refused with 413 before it is read whole (bytes, or "
+        "a size such as 16MiB; default: 16MiB, as serve)",
+    )
+    p.add_argument(
         "--shutdown-timeout",
         type=float,
         default=30.0,
@@ -75,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
         model=args.model,
         wait=args.wait,
         health_interval=args.health_interval,
+        max_request_bytes=args.max_request_bytes,  # None: the router's default
     )
     if serve_router(state, args.host, args.port, args.shutdown_timeout, args.log_level):
         logging.getLogger("kvserve.router").info("stopped")

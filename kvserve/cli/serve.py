@@ -13,13 +13,16 @@ import dataclasses
 import logging
 import os
 import sys
+from typing import TYPE_CHECKING
 
-from kvserve.cli.common import HelpFormatter, add_model_option, positive
+from kvserve.cli.common import HelpFormatter, add_model_option, loopback_events, positive
 from kvserve.cli.engine_options import add_engine_options, engine_args_from
 from kvserve.serve.metrics import PREFIXES
 
+if TYPE_CHECKING:
+    from kvserve.serve.limits import ServeLimits
+
 API_KEY_ENV = "KVSERVE_API_KEY"
-LOOPBACK_EVENTS_ENDPOINT = "tcp://127.0.0.1:5557"
 log = logging.getLogger("kvserve.serve")
 
 
@@ -77,8 +80,54 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="engines on this host, each its own `kvserve serve` on a loopback port with KV "
         "events on (ports offset by rank), behind a cache-aware router on --port",
     )
+    add_limit_options(p.add_argument_group("limits (each client's; README: Serving, Limits)"))
     add_engine_options(p.add_argument_group("engine (kvserve.engine.engine_args.EngineArgs)"))
     p.set_defaults(func=run)
+
+
+def add_limit_options(g: argparse._ArgumentGroup) -> None:
+    from kvserve.serve.limits import ServeLimits
+
+    d = ServeLimits()
+    g.add_argument(
+        "--max-request-bytes",
+        type=positive,
+        default=d.max_request_bytes,
+        help="a request body larger than this is refused (413) before it is read",
+    )
+    g.add_argument(
+        "--max-n",
+        type=positive,
+        help="the most completions (n) per prompt (default: the engine's --max-num-seqs)",
+    )
+    for name, what in (
+        ("body-timeout", "a request body may take to arrive (408 past it)"),
+        ("header-timeout", "a connection may take to send a request's headers (then closed)"),
+        ("keep-alive-timeout", "an idle keep-alive connection is kept open"),
+        ("send-timeout", "a client may leave its response unread before it is dropped"),
+    ):
+        default = getattr(d, name.replace("-", "_"))
+        g.add_argument(f"--{name}", type=_seconds, default=default, help=f"seconds {what}")
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
+
+
+def limits_from(args: argparse.Namespace) -> ServeLimits:
+    from kvserve.serve.limits import ServeLimits
+
+    return ServeLimits(
+        max_request_bytes=args.max_request_bytes,
+        max_n=args.max_n,
+        body_timeout=args.body_timeout,
+        header_timeout=args.header_timeout,
+        keep_alive_timeout=args.keep_alive_timeout,
+        send_timeout=args.send_timeout,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -93,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
 
     from kvserve.llm import LLM
     from kvserve.serve.app import create_app
+    from kvserve.serve.connections import timed_h11
     from kvserve.serve.engine_thread import EngineThread
     from kvserve.serve.kv_metadata import kv_metadata_body
     from kvserve.serve.lifecycle import DrainingServer
@@ -105,7 +155,9 @@ def run(args: argparse.Namespace) -> int:
     metrics = ServerMetrics(args.metrics_prefix, name, cache_config_info(llm.engine))
     observer = EngineObserver(metrics)
     observer.refresh(llm.engine)
-    engine = EngineThread(llm.engine, observer)
+    servers: list[DrainingServer] = []
+    engine = EngineThread(llm.engine, observer, on_death=lambda why: servers[0].engine_died(why))
+    limits = limits_from(args)
     state = ServerState(
         engine=engine,
         served_name=name,
@@ -116,6 +168,7 @@ def run(args: argparse.Namespace) -> int:
         max_queued_requests=args.max_queued_requests,
         log_requests=args.log_requests,
         kv_metadata=kv_metadata_body(llm.engine, llm.model.path, name),
+        limits=limits,
     )
     print(f"Serving {llm.model.description} as {name!r}", file=sys.stderr, flush=True)
     if llm.model.random_weights:
@@ -126,34 +179,25 @@ def run(args: argparse.Namespace) -> int:
         port=args.port,
         log_level=args.log_level,
         timeout_graceful_shutdown=5,
+        # uvicorn annotates an int, and hands the seconds to call_later, which takes a float
+        timeout_keep_alive=limits.keep_alive_timeout,  # type: ignore[arg-type]  # a float works
+        http=timed_h11(limits.header_timeout, limits.send_timeout),
     )
     server = DrainingServer(config, state, args.shutdown_timeout)
+    servers.append(server)
     engine.start()
     try:
         server.run()
     finally:
         engine.stop()
+        state.tokens.close()
         events = llm.engine.kv_events
         llm.shutdown()
         if events is not None:
             log.info("KV events: the last batch (seq %d) is sent", events.publisher.last_seq)
+    if engine.dead is not None:
+        log.error("exiting: the engine died (%s)", engine.dead)
+        return 1
     if server.signalled:
         log.info("stopped")
     return 0
-
-
-def loopback_events(config: str | None) -> str | None:
-    """KV events carry every prompt's token ids: unless the config names an endpoint,
-    serve binds its event sockets to loopback (vLLM binds every interface)."""
-    if config is None:
-        return None
-    import json
-
-    try:
-        value = json.loads(config)
-    except json.JSONDecodeError:
-        return config  # the engine says what is wrong with it
-    if isinstance(value, dict) and "endpoint" not in value:
-        value.update(endpoint=LOOPBACK_EVENTS_ENDPOINT, bind=True)
-        return json.dumps(value)
-    return config

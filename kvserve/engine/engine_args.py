@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ATTENTION_BACKENDS = ("plain", "flex", "triton")
-"""kvserve.model.step_metadata.METADATA_BUILDERS has one builder for each (torch-free here)."""
+"""kvserve.model.attention.step_metadata.METADATA_BUILDERS has one builder for each
+(torch-free here)."""
 
 
 def _help(text: str) -> dict[str, str]:

@@ -7,8 +7,9 @@ marks blocks computed, appends tokens and finishes requests.
 
 from __future__ import annotations
 
+import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from kvserve.batch import Runner
@@ -16,27 +17,18 @@ from kvserve.engine.content_tracker import tracker_for
 from kvserve.engine.engine_args import EngineArgs
 from kvserve.engine.engine_stats import EngineStats
 from kvserve.engine.logprobs import LogprobsRecorder
-from kvserve.engine.request import Request
+from kvserve.engine.request import Request, RequestStatus
 from kvserve.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, sampled_tokens
 from kvserve.engine.stop import StopChecker
 from kvserve.engine.tiers import EngineTiers
+from kvserve.engine.user_request import UserRequest
 from kvserve.kvcache.config import KVCacheConfig
 from kvserve.kvcache.manager import KVCacheManager
-from kvserve.outputs import CompletionOutput, RequestOutput
+from kvserve.outputs import RequestOutput
 from kvserve.sampling_params import RequestOutputKind, SamplingParams
 
 FINAL_ONLY = RequestOutputKind.FINAL_ONLY
-
-
-@dataclass(slots=True)
-class _UserRequest:
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    sequences: list[Request]
-    kind: RequestOutputKind
-    sent_tokens: list[int]
-    """Per sequence: output tokens (and their logprobs) already handed out (DELTA)."""
+log = logging.getLogger("kvserve.engine")
 
 
 class LLMEngine:
@@ -46,6 +38,7 @@ class LLMEngine:
         args = args or EngineArgs()
         from kvserve.model.runner import ModelRunner  # torch stays out of kvcache imports
 
+        assert not isinstance(args.kv_cache_memory, str)  # EngineArgs made it bytes
         runner = ModelRunner(
             model,
             block_size=args.block_size,
@@ -116,7 +109,7 @@ class LLMEngine:
         """Chunks the last step ran (0: nothing could be scheduled)."""
         self.last_step_num_tokens = 0
         """Tokens (prefill and decode) the last step computed."""
-        self._requests: dict[str, _UserRequest] = {}
+        self._requests: dict[str, UserRequest] = {}
         self._admitted: set[str] = set()
         self._vocab_size = runner.vocab_size
         self.closed = False
@@ -148,6 +141,9 @@ class LLMEngine:
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use")
+        max_seqs = self.scheduler.config.max_num_seqs
+        if params.n > max_seqs:
+            raise ValueError(f"n must be <= max_num_seqs ({max_seqs}), got {params.n}")
         prompt_text, token_ids = self._tokenize(prompt)
         bad = [t for t in token_ids if not (0 <= t < self._vocab_size)]
         if bad:
@@ -163,7 +159,7 @@ class LLMEngine:
             child = params
             if params.n > 1:
                 # Each completion samples on its own; a seed stays reproducible per index.
-                seed = None if params.seed is None else params.seed + index
+                seed = None if params.seed is None else _wrap_int64(params.seed + index)
                 child = replace(params, n=1, seed=seed)
             sequences.append(
                 Request(
@@ -185,7 +181,7 @@ class LLMEngine:
             for seq in added:
                 self.scheduler.abort_request(seq)
             raise
-        self._requests[request_id] = _UserRequest(
+        self._requests[request_id] = UserRequest(
             request_id, prompt_text, token_ids, sequences, params.output_kind, [0] * params.n
         )
         self.stats.prompt_tokens += len(token_ids) * params.n
@@ -209,9 +205,13 @@ class LLMEngine:
     def abort_request(self, request_id: str) -> None:
         """Stop a request between steps; its blocks are freed (and stay findable)."""
         user = self._requests.pop(request_id, None)
-        if user is None:
-            return
+        if user is not None:
+            self._abort_sequences(user)
+
+    def _abort_sequences(self, user: UserRequest) -> None:
         for seq in user.sequences:
+            if seq.status.finished:
+                continue
             self.scheduler.abort_request(seq)
             self.tracker.released(seq)
             self._admitted.discard(seq.request_id)
@@ -287,15 +287,18 @@ class LLMEngine:
             if rid not in self._admitted:
                 self._admitted.add(rid)
                 tracker.admitted(chunk.request)
-        sampled = self._execute(out) if out.chunks else {}
+        sampled, failed = self._execute(out) if out.chunks else ({}, {})
         for req in out.preempted:
             tracker.released(req)
-        finished = self.scheduler.update(out, sampled)
+        finished = self.scheduler.update(out, sampled, failed)
         tracker.after_step(out, self._tables_of)
         for req in finished:
             tracker.released(req)
             self._admitted.discard(req.request_id)
             self.runner.free_request(req.request_id)
+        failed_users = {r.parent_id for r in finished if r.status is RequestStatus.FINISHED_ERROR}
+        for parent_id in failed_users:  # its other completions stop with it
+            self._abort_sequences(self._requests[parent_id])
         self.stats.generated_tokens += len(sampled)
         elapsed = time.perf_counter() - t0
         if any(c.num_tokens > 1 or c.start < c.request.num_prompt_tokens for c in out.chunks):
@@ -311,7 +314,12 @@ class LLMEngine:
                 continue
             if user.kind is FINAL_ONLY and not all(seq.status.finished for seq in user.sequences):
                 continue
-            output = self._output(user)
+            try:
+                output = user.output(self.stop_checker)
+            except Exception as exc:  # a bug in one request's output fails it alone
+                log.exception("request %s: its output failed", parent_id)
+                self._abort_sequences(user)
+                output = user.failed_output(f"{type(exc).__name__}: {exc}"[:500])
             outputs.append(output)
             if output.finished:
                 del self._requests[parent_id]
@@ -324,9 +332,10 @@ class LLMEngine:
         except KeyError:
             return []
 
-    def _execute(self, out: SchedulerOutput) -> dict[str, int]:
+    def _execute(self, out: SchedulerOutput) -> tuple[dict[str, int], dict[str, str]]:
         """The runner's step over the scheduler's plans, with tier loads and saves around it;
-        the logprobs it reports go to their requests."""
+        the logprobs it reports go to their requests. Returns the sampled tokens and the
+        requests whose rows failed (request id -> why)."""
         chunks = out.seq_chunks(self.manager)
         tiers = self.tiers
         if tiers is not None:
@@ -336,46 +345,8 @@ class LLMEngine:
             tiers.save(out, self.manager)
         if step.logprobs is not None:
             self.logprobs.record([c.request for c in out.chunks], step)
-        return sampled_tokens(chunks, step)
-
-    def _output(self, user: _UserRequest) -> RequestOutput:
-        """The request's output after a step: everything so far, what is new
-        (DELTA), or the final one. Text that may still be cut by a stop string
-        is held back until the sequence finishes (OutputText.holdback)."""
-        completions = []
-        delta = user.kind is RequestOutputKind.DELTA
-        for seq in user.sequences:
-            done = seq.status.finished
-            state = seq.output_text
-            if state is not None:
-                text = state.delta(done) if delta else state.text(done)
-            else:  # no tokenizer, or FINAL_ONLY without stop strings: decode once
-                text = self.stop_checker.final_text(seq) if done and not delta else ""
-            sent = 0
-            if delta:
-                sent = user.sent_tokens[seq.index]
-                user.sent_tokens[seq.index] = seq.num_output_tokens
-            logprobs = seq.logprobs
-            completions.append(
-                CompletionOutput(
-                    index=seq.index,
-                    text=text,
-                    token_ids=seq.token_ids[seq.num_prompt_tokens + sent :],
-                    finish_reason=seq.status.value if done else None,
-                    stop_reason=seq.stop_reason,
-                    logprobs=None if logprobs is None else logprobs[sent:],
-                    cumulative_logprob=None if logprobs is None else seq.cumulative_logprob,
-                )
-            )
-        first = user.sequences[0]
-        return RequestOutput(
-            request_id=user.request_id,
-            prompt=user.prompt,
-            prompt_token_ids=list(user.prompt_token_ids),
-            outputs=completions,
-            finished=all(c.finish_reason is not None for c in completions),
-            num_cached_tokens=max(0, first.num_cached_tokens),
-        )
+        failed = {chunks[i].request_id: why for i, why in (step.errors or {}).items()}
+        return sampled_tokens(chunks, step), failed
 
     def stats_dict(self) -> dict[str, Any]:
         """The simulate counters under the same names, plus cache counters."""
@@ -397,3 +368,8 @@ class LLMEngine:
             "external_hit_tokens": s.external_hit_tokens,
             **(self.tiers.stats() if self.tiers is not None else {}),
         }
+
+
+def _wrap_int64(value: int) -> int:
+    """A completion's seed (the request's plus its index) kept a signed 64-bit integer."""
+    return (value + 2**63) % 2**64 - 2**63

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+from collections.abc import Sequence
 
 from kvserve.batch import SeqChunk
 from kvserve.kvcache.specs import KVCacheSpec
@@ -84,7 +85,7 @@ class ModelFreeKV:
                     self._block(g, block)[p % size] = tokens[p]
         self._next[chunk.request_id] = plan.end
 
-    def _check(self, request_id: str, tokens: list[int], tables: tuple, end: int) -> None:
+    def _check(self, request_id: str, tokens: Sequence[int], tables: tuple, end: int) -> None:
         for g in self.attention:
             size = self.specs[g].block_size
             table = tables[g]

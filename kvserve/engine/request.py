@@ -16,6 +16,8 @@ class RequestStatus(enum.Enum):
     FINISHED_STOPPED = "stop"
     FINISHED_LENGTH = "length"
     FINISHED_ABORTED = "abort"
+    FINISHED_ERROR = "error"
+    """The engine failed this request alone (its sampling, its stop check): the others go on."""
     REJECTED = "rejected"
 
     @property
@@ -55,6 +57,8 @@ class Request:
     """One entry per generated token when `params.logprobs` is set (the engine's
     LogprobsRecorder appends them); None otherwise."""
     cumulative_logprob: float = 0.0
+    error: str | None = None
+    """Why the engine failed it (status FINISHED_ERROR)."""
 
     def __post_init__(self) -> None:
         if not self.num_prompt_tokens:

@@ -9,6 +9,7 @@ step can mix prefill chunks and decodes (as vLLM v1 does).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -18,6 +19,8 @@ from kvserve.batch import SeqChunk, StepOutput
 from kvserve.engine.request import Request, RequestStatus
 from kvserve.engine.stop import StopChecker
 from kvserve.kvcache.manager import KVCacheManager
+
+log = logging.getLogger("kvserve.engine")
 
 
 @dataclass(slots=True)
@@ -80,6 +83,11 @@ class SchedulerOutput:
 def sampled_tokens(chunks: list[SeqChunk], step: StepOutput) -> dict[str, int]:
     """Request id -> its new token, for every chunk that sampled (what `update` takes)."""
     return {c.request_id: t for c, t in zip(chunks, step.tokens, strict=True) if t is not None}
+
+
+def _fail(req: Request, why: str) -> tuple[RequestStatus, None]:
+    req.error = why
+    return RequestStatus.FINISHED_ERROR, None
 
 
 @dataclass(slots=True)
@@ -290,19 +298,25 @@ class Scheduler:
         if self.connector is not None:
             self.connector.request_finished(rid)
 
-    def update(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
+    def update(
+        self, out: SchedulerOutput, sampled: dict[str, int], failed: dict[str, str] | None = None
+    ) -> list[Request]:
         """Apply a finished step: advance computed tokens, append samples, finish.
 
-        `sampled` maps request id -> new token for every chunk that samples.
-        Stop checks happen here and only here (with the new token's text, which
-        stop strings are matched on). Returns the requests that finished in
-        this step.
+        `sampled` maps request id -> new token for every chunk that samples,
+        except those in `failed` (request id -> why its row failed), which
+        finish with FINISHED_ERROR, as does a request whose stop check raises:
+        one request's fault is never another's. Stop checks happen here and only
+        here (with the new token's text, which stop strings are matched on).
+        Returns the requests that finished in this step.
         """
         clock = time.perf_counter
         t0 = clock()
         self.manager.end_step()
         self.stats.manager_seconds += clock() - t0
         self.stats.steps += 1
+        fail = _fail
+        status: RequestStatus | None
         finished: list[Request] = []
         stats = self.stats
         check = self.stop_checker.check
@@ -315,9 +329,17 @@ class Scheduler:
             req.num_computed_tokens = chunk.start + chunk.num_tokens
             if not chunk.samples:
                 continue
-            token = sampled[req.request_id]
-            req.token_ids.append(token)
-            status, reason = check(req, token)
+            token = sampled.get(req.request_id)
+            if token is None:
+                why = (failed or {}).get(req.request_id, "the runner sampled no token")
+                status, reason = fail(req, why)
+            else:
+                req.token_ids.append(token)
+                try:
+                    status, reason = check(req, token)
+                except Exception as exc:  # a bug in its stop check or text: it alone fails
+                    log.exception("request %s: its stop check failed", req.request_id)
+                    status, reason = fail(req, f"{type(exc).__name__}: {exc}"[:500])
             if status is not None:
                 req.status = status
                 req.stop_reason = reason

@@ -7,6 +7,7 @@ that one call grows the text and applies every stop rule.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from kvserve.engine.detokenizer import (
@@ -108,7 +109,7 @@ class StopChecker:
         return detokenizer.flush()
 
 
-def _match_stop(text: OutputText, stops: list[str], added: int, include: bool) -> str | None:
+def _match_stop(text: OutputText, stops: Sequence[str], added: int, include: bool) -> str | None:
     """The stop string that the last `added` characters complete first, or None;
     the text is cut before it (after it when `include`).
 

@@ -84,7 +84,7 @@ class EngineTiers:
 
 def _model_io(runner: Any, args: EngineArgs) -> tuple[Any, bytes]:
     """The model runner's K/V tensors as blocks, and the fingerprint keying the tiers."""
-    from kvserve.model.kv_io import KVBlockIO, kv_fingerprint
+    from kvserve.model.memory.kv_io import KVBlockIO, kv_fingerprint
 
     if runner.model_dir is None:
         raise ValueError("offload needs a model checkpoint (its fingerprint keys the tiers)")

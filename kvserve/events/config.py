@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 
 @dataclass(slots=True)
@@ -102,12 +102,12 @@ def _check_types(config: KVEventsConfig) -> None:
     """
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
-        kinds = _KINDS[f.type]  # type: ignore[index]  # annotations are strings here
+        kind = str(f.type)  # the annotation's text (annotations are strings here)
+        kinds = _KINDS[kind]
         wrong = isinstance(value, bool) and bool not in kinds
         if wrong or not isinstance(value, kinds):
             raise ValueError(
-                f"kv_events_config: {f.name} must be {_KIND_NAMES[f.type]}, "  # type: ignore[index]
-                f"got {value!r}"
+                f"kv_events_config: {f.name} must be {_KIND_NAMES[kind]}, got {value!r}"
             )
 
 
@@ -116,6 +116,10 @@ def _json_kind(value: Any) -> str:
     return names.get(type(value), "a string" if isinstance(value, str) else "null")
 
 
+@overload
+def offset_endpoint_port(endpoint: str, rank: int) -> str: ...
+@overload
+def offset_endpoint_port(endpoint: str | None, rank: int) -> str | None: ...
 def offset_endpoint_port(endpoint: str | None, rank: int) -> str | None:
     """`tcp://host:5557` -> `tcp://host:5557+rank`; other transports get a `_dp<rank>` suffix."""
     if not endpoint or rank == 0:

@@ -119,7 +119,7 @@ class EngineView:
                 group = getattr(event, "group_idx", None) or 0
                 if isinstance(event, BlockStored):
                     held.update((group, h) for h in event.block_hashes)
-                else:
+                elif isinstance(event, BlockRemoved):
                     held.difference_update((group, h) for h in event.block_hashes)
                 continue
             if isinstance(event, BlockStored):

@@ -13,6 +13,9 @@ replay socket; a request is one frame after the envelope:
   or dropped), then seq -1: a subscriber whose newest batches were dropped
   learns it has to resync.
 
+Answers go out only as fast as each client reads them, a few requests per client at a
+time (replay.py): a client that asks and never reads costs a bounded amount of memory.
+
 The engine thread only assigns the sequence number and puts the batch in a
 bounded queue; a background thread encodes and sends (and sends what is
 queued before it answers a replay request: a replay covers every batch
@@ -35,14 +38,19 @@ from typing import Any
 import zmq
 
 from kvserve.events.config import KVEventsConfig, offset_endpoint_port
+from kvserve.events.replay import (
+    LAST_SEQ_REQUEST,
+    METADATA_REQUEST,
+    SNAPSHOT_REQUEST,
+    Message,
+    ReplayReplies,
+)
 from kvserve.kvcache.events import KVEvent, KVEventBatch, encode_batch
 
 logger = logging.getLogger(__name__)
 
-END_SEQ = (-1).to_bytes(8, "big", signed=True)
-SNAPSHOT_REQUEST = b"kv-snapshot"
-METADATA_REQUEST = b"kv-metadata"
-LAST_SEQ_REQUEST = b"kv-last-seq"
+MAX_REQUESTS_PER_TURN = 64
+"""Replay requests read per turn of the sender loop: a flood of them never starves PUB."""
 
 SnapshotFn = Callable[[], tuple[int, list[KVEvent]]]
 """Returns (seq the snapshot is valid after, its events); called on the sender thread."""
@@ -77,22 +85,24 @@ class ZmqEventPublisher:
         self.dropped = 0
         """Batches dropped because the queue was full (their seqs are gaps)."""
         self.sent = 0
-        ctx = zmq.Context.instance()
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._pub = ctx.socket(zmq.PUB)
         self._pub.setsockopt(zmq.LINGER, 0)
         self._pub.set_hwm(config.hwm)
         self._replay: zmq.Socket | None = None
+        self._replies: ReplayReplies | None = None
         try:
-            bind = config.bind if config.bind is not None else should_bind(self.endpoint)  # type: ignore[arg-type]
+            bind = config.bind if config.bind is not None else should_bind(self.endpoint)
             if bind:
-                self._pub.bind(self.endpoint)  # type: ignore[arg-type]
+                self._pub.bind(self.endpoint)
             else:
-                self._pub.connect(self.endpoint)  # type: ignore[arg-type]
+                self._pub.connect(self.endpoint)
             if self.replay_endpoint:
                 self._replay = ctx.socket(zmq.ROUTER)
                 self._replay.setsockopt(zmq.LINGER, 0)
-                self._replay.setsockopt(zmq.SNDHWM, 0)
+                ReplayReplies.configure(self._replay)
                 self._replay.bind(self.replay_endpoint)
+                self._replies = ReplayReplies(self._replay, self._buffer, self._answer)
         except zmq.ZMQError as exc:
             self._close_sockets()
             raise OSError(
@@ -156,13 +166,26 @@ class ZmqEventPublisher:
                     self._send(seq, encode_batch(batch))
                 except Exception:  # never let one bad batch stop the stream
                     logger.exception("KV events: could not send batch %d", seq)
-            replay = self._replay
-            while replay is not None and replay.poll(0):
-                try:
-                    self._drain()
-                    self._serve(replay.recv_multipart())
-                except Exception:
-                    logger.exception("KV events: bad replay request")
+            self._serve_replays()
+
+    def _serve_replays(self) -> None:
+        """Read the waiting replay requests (a bounded number), then send what fits."""
+        replay, replies = self._replay, self._replies
+        if replay is None or replies is None:
+            return
+        for _ in range(MAX_REQUESTS_PER_TURN):
+            if not replay.poll(0):
+                break
+            try:
+                frames = replay.recv_multipart(zmq.NOBLOCK)
+                self._drain()  # the answer covers every batch published before the request
+                replies.add(frames, self._buffer[-1][0] if self._buffer else -1)
+            except Exception:
+                logger.exception("KV events: bad replay request")
+        try:
+            replies.pump()
+        except Exception:
+            logger.exception("KV events: could not send a replay answer")
 
     def _drain(self) -> None:
         """Send every queued batch, so a replay answers with all published before it."""
@@ -184,28 +207,14 @@ class ZmqEventPublisher:
         except zmq.Again:
             pass
 
-    def _serve(self, frames: list[bytes]) -> None:
-        # [identity, b"", request] from REQ/DEALER-with-delimiter, or [identity, request].
-        envelope, request = frames[:-1], frames[-1]
-        replay = self._replay
-        assert replay is not None
-
-        def reply(*parts: bytes) -> None:
-            replay.send_multipart([*envelope, *parts], zmq.NOBLOCK)
-
+    def _answer(self, request: bytes) -> Message | None:
+        """The one message answering a named request (taken when it is sent); None: unknown."""
         if request == SNAPSHOT_REQUEST and self._snapshot_fn is not None:
             seq, events = self._snapshot_fn()
             batch = KVEventBatch(time.time(), events, self.data_parallel_rank)
-            reply(SNAPSHOT_REQUEST, seq.to_bytes(8, "big", signed=True), encode_batch(batch))
-        elif request == METADATA_REQUEST:
-            reply(METADATA_REQUEST, self._metadata)
-        elif request == LAST_SEQ_REQUEST:
-            reply(LAST_SEQ_REQUEST, self.last_seq.to_bytes(8, "big", signed=True))
-        elif len(request) == 8:
-            start = int.from_bytes(request, "big")
-            for seq, payload in list(self._buffer):
-                if seq >= start:
-                    reply(seq.to_bytes(8, "big"), payload)
-        else:
-            logger.warning("KV events: unknown replay request %r", request[:32])
-        reply(END_SEQ, b"")
+            return SNAPSHOT_REQUEST, seq.to_bytes(8, "big", signed=True), encode_batch(batch)
+        if request == METADATA_REQUEST:
+            return METADATA_REQUEST, self._metadata
+        if request == LAST_SEQ_REQUEST:
+            return LAST_SEQ_REQUEST, self.last_seq.to_bytes(8, "big", signed=True)
+        return None

@@ -18,7 +18,7 @@ from typing import Any
 import zmq
 
 from kvserve.events.index import PrefixIndex
-from kvserve.events.publisher import (
+from kvserve.events.replay import (
     END_SEQ,
     LAST_SEQ_REQUEST,
     METADATA_REQUEST,
@@ -58,7 +58,7 @@ class KVEventSubscriber:
         self.gaps = self.replays = self.resyncs = self.restarts = 0
         self._first_ts: float | None = None
         """ts of batch 0 as applied: a later batch 0 with another ts means a restart."""
-        ctx = zmq.Context.instance()
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._sub = ctx.socket(zmq.SUB)
         self._sub.setsockopt(zmq.LINGER, 0)
         self._sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
@@ -98,7 +98,7 @@ class KVEventSubscriber:
     def _reply(self) -> list[list[bytes]]:
         """The messages answering the request sent last, up to END (within the timeout)."""
         assert self._dealer is not None
-        out = []
+        out: list[list[bytes]] = []
         deadline = time.monotonic() + self.request_timeout
         while True:
             remaining = deadline - time.monotonic()
@@ -107,7 +107,7 @@ class KVEventSubscriber:
                 self._dealer.close(linger=0)
                 self._dealer = zmq.Context.instance().socket(zmq.DEALER)
                 self._dealer.setsockopt(zmq.LINGER, 0)
-                self._dealer.connect(self.replay_endpoint)  # type: ignore[arg-type]
+                self._dealer.connect(self.replay_endpoint)
                 raise ReplayUnavailable(f"no reply from {self.replay_endpoint}")
             frames = self._dealer.recv_multipart()[1:]
             if frames[0] == END_SEQ:

@@ -6,11 +6,17 @@ import time
 from collections.abc import Callable
 
 from kvserve.events.subscriber import KVEventSubscriber, ReplayUnavailable
-from kvserve.kvcache.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+from kvserve.kvcache.events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEventBatch,
+    WireHash,
+)
 
 
-def _short(h: object) -> str:
-    return f"{h:016x}" if isinstance(h, int) else bytes(h).hex()[:16]  # type: ignore[arg-type]
+def _short(h: WireHash) -> str:
+    return f"{h:016x}" if isinstance(h, int) else bytes(h).hex()[:16]
 
 
 def describe(seq: int, batch: KVEventBatch) -> list[str]:

@@ -52,8 +52,9 @@ class BlockPool:
         """Free blocks holding nothing reusable; the last is the front of the queue."""
         self._free: OrderedDict[int, KVBlock] = OrderedDict()
         """Free cached blocks, least recently used first (behind the empty ones)."""
-        self.index: list[dict[bytes, KVBlock]] = [{} for _ in range(num_groups)]
-        """Per group: hash -> cached block (a CacheEntry in inflated attention groups)."""
+        self.index: list[dict[bytes, KVBlock | CacheEntry]] = [{} for _ in range(num_groups)]
+        """Per group: hash -> cached block; a group's index holds KVBlocks only, or
+        CacheEntries only in inflated attention groups (each group casts its own)."""
         self.pending: list[KVBlock | CacheEntry] = []
         self._next_cache_id = 1
         self.num_evictions = 0
@@ -100,7 +101,7 @@ class BlockPool:
             epoch[block.block_id] += 1
             block.ref_cnt = 1
             if block.entries:  # inflated: an entry moved into it after it was freed
-                self.num_evictions += self._uncache_entries(block)
+                self.num_evictions += self._uncache_entries(block, block.entries)
         popitem = free.popitem
         for _ in range(n - len(out)):
             block = popitem(last=False)[1]
@@ -114,11 +115,11 @@ class BlockPool:
         """A block is handed out again: whatever it cached leaves the index."""
         if block.block_hash is not None:
             if self.events is not None:
-                self.events.removed(block)
+                self.events.removed(block.block_hash, block.group)
             self._uncache(block)
             self.num_evictions += 1
         elif block.entries:
-            self.num_evictions += self._uncache_entries(block)
+            self.num_evictions += self._uncache_entries(block, block.entries)
 
     def touch(self, blocks: Iterable[KVBlock]) -> None:
         """Take a reference; a free block leaves the queue (its content is kept)."""
@@ -195,7 +196,7 @@ class BlockPool:
         else:
             block.entries.append(entry)
         self.pending.append(entry)
-        self.index[group][block_hash] = entry  # type: ignore[assignment]
+        self.index[group][block_hash] = entry
         return entry
 
     def uncache(self, block: KVBlock) -> None:
@@ -203,8 +204,10 @@ class BlockPool:
 
         The block moves to the front of the queue: it holds nothing reusable.
         """
+        block_hash = block.block_hash
+        assert block_hash is not None, "uncache() takes a cached block"
         if self.events is not None:
-            self.events.removed(block)
+            self.events.removed(block_hash, block.group)
         self._uncache(block)
         self.num_evictions += 1
         if block.ref_cnt == 0:
@@ -236,13 +239,13 @@ class BlockPool:
         epoch = self._epoch[block.block_id]
         return any(b is block and e == epoch for b, e in self._holders.get(entry.cache_id, ()))
 
-    def _uncache_entries(self, block: KVBlock) -> int:
-        """`block` is reused: each entry moves to a block holding its copy, or leaves
-        the index. Returns how many left."""
+    def _uncache_entries(self, block: KVBlock, entries: list[CacheEntry]) -> int:
+        """`block` is reused: each of its `entries` moves to a block holding its copy, or
+        leaves the index. Returns how many left."""
         events = self.events
         epoch = self._epoch
         removed = 0
-        for entry in block.entries:  # type: ignore[union-attr]
+        for entry in entries:
             copies = [
                 (b, e)
                 for b, e in self._holders.pop(entry.cache_id, ())
@@ -262,7 +265,7 @@ class BlockPool:
                     self.pending.append(entry)
                 continue
             if events is not None:
-                events.removed(entry)  # type: ignore[arg-type]
+                events.removed(entry.block_hash, entry.group)
             del self.index[entry.group][entry.block_hash]
             entry.cache_id = 0
             removed += 1
@@ -270,7 +273,9 @@ class BlockPool:
         return removed
 
     def _uncache(self, block: KVBlock) -> None:
-        del self.index[block.group][block.block_hash]
+        block_hash = block.block_hash
+        assert block_hash is not None, "only a cached block leaves the index"
+        del self.index[block.group][block_hash]
         block.block_hash = None
         block.token_ids = None
         block.cache_id = 0
@@ -296,7 +301,7 @@ class BlockPool:
             if block.block_hash is not None:
                 self._uncache(block)
             elif block.entries:
-                self._uncache_entries(block)
+                self._uncache_entries(block, block.entries)
         self.events = events
         # Nothing reusable remains: every free block joins the empty ones, behind them.
         self._empty[:0] = reversed(self._free.values())

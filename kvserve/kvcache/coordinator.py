@@ -16,7 +16,7 @@ from typing import Any
 from kvserve.kvcache.block import KVBlock
 from kvserve.kvcache.block_pool import BlockPool
 from kvserve.kvcache.config import KVCacheConfig
-from kvserve.kvcache.groups import GROUP_TYPES, FullAttentionGroup, SlidingWindowGroup
+from kvserve.kvcache.groups import FullAttentionGroup, SlidingWindowGroup, attention_group
 from kvserve.kvcache.hashing import BlockHasher
 from kvserve.kvcache.plan import StepPlan
 from kvserve.kvcache.sequence import CacheSequence
@@ -175,8 +175,7 @@ class AttentionCoordinator(Coordinator):
                     f"group block size {spec.block_size} != hash block size {config.block_size}"
                 )
         groups = [
-            GROUP_TYPES[type(spec)](i, spec, pool, config.verify_hits)
-            for i, spec in enumerate(specs)
+            attention_group(i, spec, pool, config.verify_hits) for i, spec in enumerate(specs)
         ]
         super().__init__(config, pool, groups)
         anchor = [g for g in groups if type(g) is FullAttentionGroup]

@@ -28,7 +28,7 @@ from kvserve.kvcache.events import (
 )
 
 if TYPE_CHECKING:
-    from kvserve.kvcache.block import CacheEntry, KVBlock
+    pass
 
 
 class HashedSequence(Protocol):
@@ -38,9 +38,12 @@ class HashedSequence(Protocol):
     own plain record of a request whose blocks it stored.
     """
 
-    block_hashes: Sequence[bytes]
-    lora_name: str | None
-    cache_salt: str | None
+    @property
+    def block_hashes(self) -> Sequence[bytes]: ...
+    @property
+    def lora_name(self) -> str | None: ...
+    @property
+    def cache_salt(self) -> str | None: ...
 
 
 def block_extra_keys(seq: HashedSequence, i: int) -> tuple[Any, ...] | None:
@@ -119,13 +122,13 @@ class KVEventSink:
         self.events.append(run)
         self._run, self._run_seq, self._run_group, self._run_next = run, seq, group_id, end
 
-    def removed(self, block: KVBlock | CacheEntry) -> None:
+    def removed(self, block_hash: bytes, group_id: int) -> None:
         """A cached block, or one hash block of an inflated block, loses its index entry."""
         self.events.append(
             BlockRemoved(
-                block_hashes=[wire_hash(block.block_hash, self.int_block_hashes)],  # type: ignore[arg-type]
+                block_hashes=[wire_hash(block_hash, self.int_block_hashes)],
                 medium=self.medium,
-                group_idx=block.group,
+                group_idx=group_id,
             )
         )
 

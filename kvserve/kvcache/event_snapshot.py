@@ -110,14 +110,14 @@ def snapshot_events(
         blocks = list(index[group.group_id].values())
         chosen: list[tuple[int, Cached, Any]] = []
         if group.kind == "full_attention" or anchor_chain is None:
-            chain = anchor_chain if group is anchor else _Chain(blocks)
+            chain = anchor_chain if group is anchor and anchor_chain is not None else _Chain(blocks)
             # Without an anchor, window blocks are verified by tokens only: keep them all.
             check = verify and group.kind == "full_attention"
             for b in blocks:
-                d = chain.depth[b.cache_id]  # type: ignore[union-attr]
+                d = chain.depth[b.cache_id]
                 if d < 0 and check:
                     continue
-                parent = chain.hash_of(b.parent_cache_id, int_block_hashes)  # type: ignore[union-attr]
+                parent = chain.hash_of(b.parent_cache_id, int_block_hashes)
                 chosen.append((d, b, parent))
         else:
             for b in blocks:

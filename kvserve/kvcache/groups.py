@@ -9,10 +9,12 @@ the full-attention block at the same position and a hit must match it.
 
 from __future__ import annotations
 
+from typing import cast
+
 from kvserve.kvcache.block import ROOT_CACHE_ID, KVBlock
 from kvserve.kvcache.block_pool import BlockPool
 from kvserve.kvcache.sequence import CacheSequence
-from kvserve.kvcache.specs import FullAttentionSpec, SlidingWindowSpec
+from kvserve.kvcache.specs import FullAttentionSpec, KVCacheSpec, SlidingWindowSpec
 
 
 class FullAttentionGroup:
@@ -23,13 +25,17 @@ class FullAttentionGroup:
     kind = "full_attention"
 
     def __init__(
-        self, group_id: int, spec: FullAttentionSpec, pool: BlockPool, verify: bool
+        self,
+        group_id: int,
+        spec: FullAttentionSpec | SlidingWindowSpec,
+        pool: BlockPool,
+        verify: bool,
     ) -> None:
         self.group_id = group_id
         self.spec = spec
         self.block_size = spec.block_size
         self.pool = pool
-        self.index = pool.index[group_id]
+        self.index = cast("dict[bytes, KVBlock]", pool.index[group_id])
         self.verify = verify
 
     def find_hit(
@@ -227,7 +233,7 @@ class SlidingWindowGroup(FullAttentionGroup):
     def __init__(
         self, group_id: int, spec: SlidingWindowSpec, pool: BlockPool, verify: bool
     ) -> None:
-        super().__init__(group_id, spec, pool, verify)  # type: ignore[arg-type]
+        super().__init__(group_id, spec, pool, verify)
         self.window = spec.sliding_window
 
     def first_needed(self, num_tokens: int) -> int:
@@ -285,13 +291,16 @@ class SlidingWindowGroup(FullAttentionGroup):
             # A hit covering every token recomputes the last one (at len - 1, its
             # write skipped): its window, and the block holding it, must be there.
             lo = max(start, self.first_needed(min(k * bs, len(tokens) - 1)))
+            window: list[KVBlock] = []  # blocks k-1, k-2, ..., lo
             for i in range(k - 1, lo - 1, -1):
-                if lookup(i) is None:
+                block = lookup(i)
+                if block is None:
                     k = i
                     break
+                window.append(block)
             else:
                 blocks = [null] * (lo - start)
-                blocks.extend(found[i] for i in range(lo, k))  # type: ignore[misc]
+                blocks.extend(reversed(window))
                 return k, blocks
         return start, []
 
@@ -325,4 +334,12 @@ class SlidingWindowGroup(FullAttentionGroup):
         return self._register(seq, start, start + len(anchors), anchors, ROOT_CACHE_ID)
 
 
-GROUP_TYPES = {FullAttentionSpec: FullAttentionGroup, SlidingWindowSpec: SlidingWindowGroup}
+def attention_group(
+    group_id: int, spec: KVCacheSpec, pool: BlockPool, verify: bool
+) -> FullAttentionGroup:
+    """The group manager for one attention spec (Mamba state groups: state_coordinator)."""
+    if isinstance(spec, SlidingWindowSpec):
+        return SlidingWindowGroup(group_id, spec, pool, verify)
+    if isinstance(spec, FullAttentionSpec):
+        return FullAttentionGroup(group_id, spec, pool, verify)
+    raise ValueError(f"no attention group for {type(spec).__name__}")

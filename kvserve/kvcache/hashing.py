@@ -12,7 +12,7 @@ import struct
 import sys
 from array import array
 from collections.abc import Callable
-from typing import Any
+from typing import Protocol
 
 import xxhash
 
@@ -21,7 +21,12 @@ HASH_FUNCTIONS: dict[str, Callable[[bytes], bytes]] = {
     "xxh3_128": xxhash.xxh3_128_digest,
 }
 
-_HASH_OBJECTS: dict[str, Callable[[bytes], Any]] = {
+
+class _HashObject(Protocol):
+    def digest(self) -> bytes: ...
+
+
+_HASH_OBJECTS: dict[str, Callable[[bytes], _HashObject]] = {
     "sha256": hashlib.sha256,
     "xxh3_128": xxhash.xxh3_128,
 }
@@ -72,7 +77,7 @@ class BlockHasher:
                 )
             self.hash_name = hash_fn
             self._digest = HASH_FUNCTIONS[hash_fn]
-            self._new = _HASH_OBJECTS[hash_fn]
+            self._new: Callable[[bytes], _HashObject] | None = _HASH_OBJECTS[hash_fn]
         else:
             self._new = None
             self.hash_name = getattr(hash_fn, "__name__", "custom")

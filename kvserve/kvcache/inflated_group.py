@@ -10,6 +10,8 @@ which needs the source to be computed already.
 
 from __future__ import annotations
 
+from typing import cast
+
 from kvserve.kvcache.block import ROOT_CACHE_ID, CacheEntry, KVBlock
 from kvserve.kvcache.block_pool import BlockPool
 from kvserve.kvcache.plan import CopyOp
@@ -52,7 +54,7 @@ class InflatedAttentionGroup:
         self.hash_block_size = hash_block_size
         self.k = spec.block_size // hash_block_size
         self.pool = pool
-        self.index: dict[bytes, CacheEntry] = pool.index[group_id]  # type: ignore[assignment]
+        self.index = cast("dict[bytes, CacheEntry]", pool.index[group_id])
         self.verify = verify
 
     def find_entries(self, seq: CacheSequence, max_hash_blocks: int) -> list[CacheEntry]:
@@ -226,11 +228,13 @@ class InflatedAttentionGroup:
         """Physical block m is full: if another block holds exactly its hash blocks, use it."""
         k = self.k
         own = seq.kv_blocks[self.group_id][m]
-        entries = [self.index.get(seq.block_hashes[m * k + j]) for j in range(k)]
-        if None in entries:
+        index_get = self.index.get
+        found = [index_get(seq.block_hashes[m * k + j]) for j in range(k)]
+        entries = [e for e in found if e is not None]
+        if len(entries) < k:
             return
         # Ours may hold some of them registered: the other block holds them all too.
-        block = self._shareable(entries, 0)  # type: ignore[arg-type]
+        block = self._shareable(entries, 0)
         if block is not None and block is not own:
             self.pool.touch((block,))
             seq.merges.append((self.group_id, m, block))

@@ -7,6 +7,7 @@ on the manager's own records (every request it tracks). 4, 5, 8, 9, 10 and
 
 from __future__ import annotations
 
+from kvserve.kvcache.block import CacheEntry, KVBlock
 from kvserve.kvcache.manager import KVCacheManager
 from kvserve.kvcache.sequence import CacheSequence
 
@@ -35,7 +36,7 @@ def count_duplicate_blocks(manager: KVCacheManager, num_computed: dict[str, int]
         first_holder: dict[bytes, int] = {}
         extra: set[int] = set()
         for seq in seqs:
-            table = seq.kv_blocks[group.group_id]
+            table: list[KVBlock] = seq.kv_blocks[group.group_id]
             full = min(num_computed[seq.request_id], len(seq.token_ids)) // bs
             manager.hasher.extend(seq.block_hashes, seq.token_ids, seq.extra_keys)
             # Inside a step, a block queued for a late merge already counts as its copy.
@@ -112,7 +113,8 @@ def check_invariants(
     # 3. index entries describe their blocks; held cached blocks hold the sequence's tokens.
     for group_id, index in enumerate(pool.index):
         for block_hash, entry in index.items():
-            block = getattr(entry, "block", entry)  # a CacheEntry inside an inflated block
+            # a CacheEntry sits inside an inflated block
+            block = entry.block if isinstance(entry, CacheEntry) else entry
             if entry.block_hash != block_hash or entry.group != group_id:
                 raise InvariantError(f"index entry for block {block.block_id} is stale")
             if entry is not block and entry not in (block.entries or ()):

@@ -10,9 +10,7 @@ prefill, and a preempted request is looked up again when re-admitted.
 
 from __future__ import annotations
 
-from typing import Any
-
-from kvserve.kvcache.block import KVBlock
+from kvserve.kvcache.block import CacheEntry, KVBlock
 from kvserve.kvcache.block_pool import BlockPool
 from kvserve.kvcache.config import KVCacheConfig
 from kvserve.kvcache.coordinator import Coordinator, PrefixHit
@@ -23,7 +21,9 @@ from kvserve.kvcache.specs import FullAttentionSpec, KVCacheSpec, MambaStateSpec
 from kvserve.kvcache.state_group import MambaStateGroup
 
 
-def build_state_groups(config: KVCacheConfig, pool: BlockPool, specs: list[KVCacheSpec]) -> list:
+def build_state_groups(
+    config: KVCacheConfig, pool: BlockPool, specs: list[KVCacheSpec]
+) -> list[InflatedAttentionGroup | MambaStateGroup]:
     """Inflated attention and state groups; every state page sits in a bounded share."""
     if not 0 < config.state_snapshot_share <= 1:
         raise ValueError(
@@ -36,7 +36,7 @@ def build_state_groups(config: KVCacheConfig, pool: BlockPool, specs: list[KVCac
             )
     num_states = sum(isinstance(spec, MambaStateSpec) for spec in specs)
     share = max(1, int(config.num_blocks * config.state_snapshot_share) // num_states)
-    groups: list[Any] = []
+    groups: list[InflatedAttentionGroup | MambaStateGroup] = []
     for i, spec in enumerate(specs):
         if isinstance(spec, MambaStateSpec):
             groups.append(
@@ -96,7 +96,7 @@ class StateCoordinator(Coordinator):
         if not candidate:
             return PrefixHit([[] for _ in self.groups], 0, wait=wait) if wait else self.empty_hit
         blocks: list[list[KVBlock | None]] = []
-        sources: list[list] = []
+        sources: list[list[CacheEntry] | list[KVBlock]] = []
         for group in self.groups:
             if isinstance(group, InflatedAttentionGroup):
                 entries = found[group.group_id][:candidate]

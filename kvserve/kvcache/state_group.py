@@ -17,6 +17,8 @@ step ends.
 
 from __future__ import annotations
 
+from typing import cast
+
 from kvserve.kvcache.block import CacheEntry, KVBlock
 from kvserve.kvcache.block_pool import BlockPool
 from kvserve.kvcache.sequence import CacheSequence
@@ -53,7 +55,7 @@ class MambaStateGroup:
         self.block_size = spec.block_size
         self.hash_block_size = hash_block_size
         self.pool = pool
-        self.index = pool.index[group_id]
+        self.index = cast("dict[bytes, KVBlock]", pool.index[group_id])
         self.verify = verify
         self.max_snapshots = max_snapshots
 
@@ -160,4 +162,6 @@ class MambaStateGroup:
     def touch_hit(self, page: KVBlock) -> None:
         """A hit moves its snapshot to the young end of the share (LRU)."""
         index = self.index
-        index[page.block_hash] = index.pop(page.block_hash)  # type: ignore[index,arg-type]
+        block_hash = page.block_hash
+        assert block_hash is not None, "a hit is cached"
+        index[block_hash] = index.pop(block_hash)

@@ -1,11 +1,14 @@
-"""The torch room: checkpoint loading, the decoder models, paged attention, sampling.
+"""The torch room, one folder per concern: checkpoint/ (reading HF and GGUF checkpoints),
+models/ and layers/ (the architectures), attention/ (the backends), quant/ (packed
+weights), memory/ (the KV pool), sampling/; at the top what composes them (the runner,
+the loader). docs/design.md has the map and the rooms' import rules.
 
 Nothing outside this package imports torch. `ModelRunner.execute` is the
 whole interface the engine uses; its input, `SeqChunk`, lives in
 kvserve.batch (re-exported here for runner users).
 
 The names below are imported on first use, so a reader of checkpoints that
-needs no model (the router's tokenizer: kvserve.model.tokenizer) does not
+needs no model (the router's tokenizer: kvserve.model.checkpoint.tokenizer) does not
 load the model code with this package.
 """
 
@@ -16,17 +19,17 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from kvserve.batch import SeqChunk
-    from kvserve.model.config import ModelConfig, load_model_config
-    from kvserve.model.errors import ModelLoadError
+    from kvserve.model.checkpoint.config import ModelConfig, load_model_config
+    from kvserve.model.checkpoint.errors import ModelLoadError
     from kvserve.model.loader import load_model
     from kvserve.model.models import MODEL_REGISTRY
     from kvserve.model.runner import ModelRunner
 
 _WHERE = {
     "SeqChunk": "kvserve.batch",
-    "ModelConfig": "kvserve.model.config",
-    "load_model_config": "kvserve.model.config",
-    "ModelLoadError": "kvserve.model.errors",
+    "ModelConfig": "kvserve.model.checkpoint.config",
+    "load_model_config": "kvserve.model.checkpoint.config",
+    "ModelLoadError": "kvserve.model.checkpoint.errors",
     "load_model": "kvserve.model.loader",
     "MODEL_REGISTRY": "kvserve.model.models",
     "ModelRunner": "kvserve.model.runner",

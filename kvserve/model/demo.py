@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from kvserve.model.config import ModelConfig
+from kvserve.model.checkpoint.config import ModelConfig
 from kvserve.model.demo_text import DEMO_TEXT
 from kvserve.model.models import Qwen3ForCausalLM
 

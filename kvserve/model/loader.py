@@ -1,12 +1,12 @@
 """Load a checkpoint into a decoder: a Hugging Face directory or a GGUF file.
 
 Only safetensors weights are read from a directory (a pickle file runs code
-when loaded); a GGUF file is read with gguf-py (kvserve.model.gguf_weights).
+when loaded); a GGUF file is read with gguf-py (kvserve.model.checkpoint.gguf_weights).
 Either way the model is built on the meta device, every checkpoint name and
 shape is checked against it before any tensor is read, and the tensors are
 then assigned directly in the target dtype and device: no random init, no
 second copy. The projections that read one input are then stacked into one
-layer each (kvserve.model.fusion), and quantization packs what it packs.
+layer each (kvserve.model.quant.fusion), and quantization packs what it packs.
 """
 
 from __future__ import annotations
@@ -18,22 +18,23 @@ import torch
 from gguf import GGUFReader, ReaderTensor
 from safetensors import safe_open
 
-from kvserve.model.checkpoint import resolve_checkpoint
-from kvserve.model.config import (
+from kvserve.model.checkpoint.config import (
     ModelConfig,
     architecture_of,
     read_hf_config_files,
     read_json,
 )
-from kvserve.model.errors import ModelLoadError
-from kvserve.model.fusion import fuse_projections
-from kvserve.model.gguf_blocks import gguf_packed_layers
-from kvserve.model.gguf_config import gguf_config_dicts
-from kvserve.model.gguf_file import open_gguf
-from kvserve.model.gguf_weights import gguf_state_dict, locate_tensors
+from kvserve.model.checkpoint.errors import ModelLoadError
+from kvserve.model.checkpoint.gguf_config import gguf_config_dicts
+from kvserve.model.checkpoint.gguf_file import open_gguf
+from kvserve.model.checkpoint.gguf_weights import gguf_state_dict, locate_tensors
+from kvserve.model.checkpoint.resolve import resolve_checkpoint
+from kvserve.model.checkpoint.weight_check import check_weights
 from kvserve.model.models import DecoderForCausalLM, model_class
-from kvserve.model.quant_linear import Int4Linear, packed_bytes
-from kvserve.model.quantize import (
+from kvserve.model.quant.fusion import fuse_projections
+from kvserve.model.quant.gguf_blocks import gguf_packed_layers
+from kvserve.model.quant.quant_linear import Int4Linear, packed_bytes
+from kvserve.model.quant.quantize import (
     KERNEL_DTYPE,
     QuantSummary,
     check_quantization,
@@ -41,7 +42,6 @@ from kvserve.model.quantize import (
     quantize_model,
     replace_module,
 )
-from kvserve.model.weight_check import check_weights
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +60,8 @@ def load_model(
     """Build the checkpoint's model with its weights; raise ModelLoadError when we cannot.
 
     `model_dir`: a Hugging Face checkpoint directory, a .gguf file, or a
-    directory holding one (kvserve.model.checkpoint). `quantization`: one of
-    kvserve.model.quantize.QUANTIZATIONS; int8 and int4 pack the loaded
+    directory holding one (kvserve.model.checkpoint.resolve). `quantization`: one of
+    kvserve.model.quant.quantize.QUANTIZATIONS; int8 and int4 pack the loaded
     weights, gguf keeps a GGUF file's 4-bit blocks (CPU only).
     """
     check_quantization(quantization, device)

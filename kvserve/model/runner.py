@@ -13,29 +13,31 @@ are managed (docs/design.md: data flows one way).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from kvserve.batch import SeqChunk, StepOutput, TokenLogprobs
+from kvserve.batch import SeqChunk, StepOutput, TokenLogprobs, each_row
 from kvserve.kvcache.plan import CopyOp
 from kvserve.kvcache.specs import (
     KVCacheSpec,
     MambaStateSpec,
 )
+from kvserve.model.attention.step_metadata import check_backend, step_metadata
+from kvserve.model.checkpoint.tokenizer import load_tokenizer
 from kvserve.model.device import resolve_device
-from kvserve.model.kv_layout import layer_caches, layer_kv_specs
-from kvserve.model.kv_memory import allocate_kv_caches, cpu_kv_cache_memory, num_blocks_for
-from kvserve.model.layer_groups import GroupLayout, group_layers
 from kvserve.model.loader import load_model
-from kvserve.model.logprobs import token_logprobs
-from kvserve.model.penalties import apply_penalties
-from kvserve.model.sampler import sample
-from kvserve.model.step_metadata import check_backend, step_metadata
+from kvserve.model.memory.kv_layout import layer_caches, layer_kv_specs
+from kvserve.model.memory.kv_memory import allocate_kv_caches, cpu_kv_cache_memory, num_blocks_for
+from kvserve.model.memory.layer_groups import GroupLayout, group_layers
+from kvserve.model.models import DecoderForCausalLM
+from kvserve.model.sampling.logprobs import token_logprobs
+from kvserve.model.sampling.penalties import apply_penalties
+from kvserve.model.sampling.sampler import sample
 from kvserve.model.threads import default_num_threads
-from kvserve.model.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -87,17 +89,17 @@ class ModelRunner:
         """`num_threads` (CPU only, process-wide): default $OMP_NUM_THREADS, else one per
         physical core this process may use (kvserve.model.threads says why).
         `attention_backend`: "plain" torch, or "flex" (one compiled FlexAttention call per
-        layer and step, for a GPU: kvserve.model.flex_attention). On CUDA without
+        layer and step, for a GPU: kvserve.model.attention.flex_attention). On CUDA without
         `num_blocks` or `kv_cache_memory` the pool is `gpu_memory_utilization` of the
         device's memory after the weights and the activation peak of the largest step
-        (kvserve.model.pool_size); `warmup` runs dummy steps at start on an accelerator
-        (kvserve.model.warmup). On CUDA with the "triton" backend decode steps replay CUDA
-        graphs captured at start unless `enforce_eager` (kvserve.model.decode_graphs)."""
+        (kvserve.model.memory.pool_size); `warmup` runs dummy steps at start on an accelerator
+        (kvserve.model.memory.warmup). On CUDA with the "triton" backend decode steps replay CUDA
+        graphs captured at start unless `enforce_eager` (kvserve.model.attention.decode_graphs)."""
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.model_dir = Path(model_dir)
         """The checkpoint as given: a Hugging Face directory, a .gguf file, or a directory
-        holding one (kvserve.model.checkpoint resolves it wherever it is read)."""
+        holding one (kvserve.model.checkpoint.resolve resolves it wherever it is read)."""
         self.device = default_device() if device is None else resolve_device(device)
         self.attention_backend = check_backend(attention_backend, self.device)
         self.dtype = resolve_dtype(dtype, self.device)
@@ -106,8 +108,11 @@ class ModelRunner:
         if self.device.type == "cpu":
             torch.set_num_threads(num_threads or default_num_threads())
         self.quantization = quantization
-        """How the weights are stored (kvserve.model.quantize); part of the tiers' fingerprint."""
-        self.model, self.config = load_model(self.model_dir, self.dtype, self.device, quantization)
+        """How the weights are stored (kvserve.model.quant.quantize); part of the tiers'
+        fingerprint."""
+        model, self.config = load_model(self.model_dir, self.dtype, self.device, quantization)
+        self.model: DecoderForCausalLM | None = model
+        """None once released."""
         self.hash_block_size = block_size
         self.layer_groups: GroupLayout = group_layers(
             layer_kv_specs(self.config, block_size, self.dtype)
@@ -128,7 +133,7 @@ class ModelRunner:
         self._default_generator = torch.Generator(device=self.device)
         self._default_generator.manual_seed(seed)
         self.decode_graphs: Any | None = None
-        """kvserve.model.decode_graphs.DecodeGraphs where decode steps replay CUDA graphs
+        """kvserve.model.attention.decode_graphs.DecodeGraphs where decode steps replay CUDA graphs
         (set once the pool is there; the memory profile and the warm-up run eagerly)."""
         self.kv_tensors: list[tuple[torch.Tensor, torch.Tensor]] = []
         """One (K, V) pair per position inside a group: every group's block ids index
@@ -139,7 +144,7 @@ class ModelRunner:
         if num_blocks is None:
             memory = kv_cache_memory
             if memory is None and self.device.type == "cuda":
-                from kvserve.model.pool_size import cuda_kv_cache_memory
+                from kvserve.model.memory.pool_size import cuda_kv_cache_memory
 
                 memory = cuda_kv_cache_memory(
                     self, gpu_memory_utilization, max_num_batched_tokens, max_num_seqs
@@ -166,8 +171,8 @@ class ModelRunner:
         if self.device.type == "cpu":  # said once the model loaded: a load error stays one line
             logger.info("CPU: %d thread(s)", torch.get_num_threads())
         self.kv_tensors, self.kv_caches = self.allocate_pool(num_blocks)
-        if warmup and self.device.type != "cpu":  # kvserve.model.warmup says why
-            from kvserve.model.warmup import warm_up
+        if warmup and self.device.type != "cpu":  # kvserve.model.memory.warmup says why
+            from kvserve.model.memory.warmup import warm_up
 
             warm_up(self, max_num_seqs, max_num_batched_tokens)
         if (
@@ -176,7 +181,7 @@ class ModelRunner:
             and not enforce_eager
             and not self.state_groups
         ):
-            from kvserve.model.decode_graphs import DecodeGraphs
+            from kvserve.model.attention.decode_graphs import DecodeGraphs
 
             self.decode_graphs = DecodeGraphs(self, max_num_seqs)
 
@@ -184,7 +189,7 @@ class ModelRunner:
         self, num_blocks: int
     ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], list[tuple[torch.Tensor, torch.Tensor]]]:
         """A pool of `num_blocks` blocks for this model: its (K, V) tensors and each layer's
-        view of them (the runner's own, or a scratch one: kvserve.model.scratch)."""
+        view of them (the runner's own, or a scratch one: kvserve.model.memory.scratch)."""
         tensors = allocate_kv_caches(
             self.config,
             num_blocks,
@@ -257,9 +262,22 @@ class ModelRunner:
                 )
             if not rows:
                 return StepOutput([None] * len(chunks))
-            tokens, logprobs = self._sample(self.model.compute_logits(hidden[rows]), sampled)
+            last_hidden, logits_of = hidden[rows], self.model.compute_logits
+            tokens: Sequence[int | None]
+            failed: dict[int, str] = {}
+            try:
+                tokens, logprobs = self._sample(logits_of(last_hidden), sampled)
+            except Exception:  # one row's fault fails its request alone: each row on its own
+                logger.warning("sampling a step failed; its rows are sampled one by one")
+                tokens, logprobs, failed = each_row(
+                    len(sampled),
+                    lambda i: self._sample(logits_of(last_hidden[i : i + 1]), [sampled[i]]),
+                )
         found = iter(tokens)
         step = StepOutput([next(found) if chunk.sample else None for chunk in chunks])
+        if failed:
+            index = [i for i, chunk in enumerate(chunks) if chunk.sample]
+            step.errors = {index[row]: message for row, message in failed.items()}
         if logprobs is not None:
             found_lp = iter(logprobs)
             step.logprobs = [next(found_lp) if chunk.sample else None for chunk in chunks]
@@ -271,16 +289,19 @@ class ModelRunner:
         """One token per chunk from its float32 logits row; logprobs for the rows that ask
         (of the raw logits, taken before penalties and bias change them)."""
         params = [chunk.params for chunk in chunks]
-        asked = [i for i, p in enumerate(params) if p is not None and p.logprobs is not None]
-        raw = torch.log_softmax(logits[asked], dim=-1) if asked else None
+        asked = [
+            (i, n) for i, p in enumerate(params) if p is not None and (n := p.logprobs) is not None
+        ]
+        rows = [i for i, _ in asked]
+        raw = torch.log_softmax(logits[rows], dim=-1) if rows else None
         apply_penalties(logits, chunks)
         generators = [self._generator(chunk) for chunk in chunks]
         tokens = sample(logits, params, generators, [self._banned(chunk) for chunk in chunks])
         if raw is None:
             return tokens, None
-        found = token_logprobs(raw, [tokens[i] for i in asked], [params[i].logprobs for i in asked])
+        found = token_logprobs(raw, [tokens[i] for i in rows], [n for _, n in asked])
         logprobs: list[TokenLogprobs | None] = [None] * len(chunks)
-        for i, row in zip(asked, found, strict=True):
+        for i, row in zip(rows, found, strict=True):
             logprobs[i] = row
         return tokens, logprobs
 

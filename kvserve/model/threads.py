@@ -11,7 +11,7 @@ cores evenly, at least one thread each.
 Why all the cores and not one: measured with benchmarks/cpu_real.py on the
 default model (2 cores, benchmarks/README.md), every mode decodes as fast or
 faster with both cores, batched and one request at a time, since the decode
-step stopped paying a barrier per small op (kvserve/model/fusion.py).
+step stopped paying a barrier per small op (kvserve/model/quant/fusion.py).
 """
 
 from __future__ import annotations

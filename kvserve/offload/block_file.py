@@ -35,7 +35,7 @@ def file_size(key_bytes: int, payload_bytes: int) -> int:
     return _HEAD.size + key_bytes + _TAIL.size + payload_bytes
 
 
-def encode_header(fingerprint: bytes, key: bytes, payload: bytes) -> bytes:
+def encode_header(fingerprint: bytes, key: bytes, payload: bytes | memoryview) -> bytes:
     """The header that precedes `payload` in a block file."""
     head = _HEAD.pack(MAGIC, FORMAT_VERSION, fingerprint, len(key))
     return head + key + _TAIL.pack(len(payload), xxhash.xxh3_128_digest(payload))

@@ -31,8 +31,9 @@ def build_store(
         if option.kind == "cpu":
             tiers.append(CpuTier(option.capacity))
             continue
+        assert option.path is not None  # TierOptions: a disk tier names its directory
         try:
-            tiers.append(DiskTier(option.path, option.capacity, fingerprint))  # type: ignore[arg-type]
+            tiers.append(DiskTier(option.path, option.capacity, fingerprint))
         except ValueError as exc:
             raise _refuse(option, str(exc)) from None
     return TierStack(tiers)

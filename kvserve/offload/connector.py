@@ -22,13 +22,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from kvserve.kvcache.plan import StepPlan
+from kvserve.kvcache.plan import StatePlan, StepPlan
 from kvserve.kvcache.specs import KVCacheSpec
 from kvserve.offload.store import TierStack
 
 
 class BlockIO(Protocol):
-    """The runner's side (kvserve.model.kv_io.KVBlockIO)."""
+    """The runner's side (kvserve.model.memory.kv_io.KVBlockIO)."""
 
     def read(self, group: int, block: int, offset: int = 0, num: int | None = None) -> bytes: ...
 
@@ -235,7 +235,7 @@ class OffloadConnector:
                 data = io.read(g.group_id, block_id, (i % k) * hb, hb)
                 self.store.put(key, data, record, i)
         saved.num_blocks = max(saved.num_blocks, full)
-        state_plans = plan.state_plans or []
+        state_plans: Sequence[StatePlan | None] = plan.state_plans or []
         for g in self.states:
             state = state_plans[g.group_id]
             for offset, page in state.snapshots if state is not None else ():

@@ -33,6 +33,10 @@ Semantics, and why:
   may delete a file this one counts: get() then misses and the key is forgotten without a
   put reporting it. contains() stats the file, so it also sees blocks other processes
   wrote; keys() lists what this tier accounts for.
+- Only regular files are blocks. Anything else under a block's name (a FIFO, a device, a
+  directory) is a miss, never opened for reading (opening a FIFO would block the engine
+  thread until a writer came) and never counted; a warning names it once per path. The
+  next put of that key replaces it where a rename can (not over a directory).
 - Temp files older than a minute are crash leftovers and are removed at start.
 - Failures. A path that is a file, or a directory that cannot be created or listed, is a
   ValueError at start that says so. A write that fails later (read-only or full disk)
@@ -46,6 +50,7 @@ import contextlib
 import logging
 import os
 import secrets
+import stat
 import threading
 import time
 from collections import OrderedDict
@@ -58,6 +63,7 @@ from kvserve.offload.block_file import (
     file_size,
     read_block,
 )
+from kvserve.offload.disk_files import make_directory, open_regular, reason, unlink_quietly
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +71,7 @@ MAX_KEY_BYTES = 100  # 200 hex digits: the name (and its temp name) stay under 2
 STALE_TMP_SECONDS = 60.0
 SUFFIX = ".kvb"
 TMP_SUFFIX = ".tmp"
+MAX_WARNED_PATHS = 1024  # the warned-once memory stays bounded whatever the directory holds
 
 
 class DiskTier:
@@ -78,6 +85,7 @@ class DiskTier:
         "_lock",
         "_prefix",
         "_used",
+        "_warned",
         "capacity",
         "fingerprint",
         "fsync",
@@ -111,13 +119,14 @@ class DiskTier:
         self._used = 0
         self._last_stamp = 0
         self._last_scan = 0.0
-        _make_directory(self.path)
+        self._warned: set[str] = set()  # paths of non-regular files already warned about
+        make_directory(self.path)
         try:
             self._remove_stale_tmp()
             with self._lock:
                 self._scan()
         except OSError as exc:
-            raise ValueError(f"cannot list {self.path}: {_reason(exc)}") from None
+            raise ValueError(f"cannot list {self.path}: {reason(exc)}") from None
 
     @staticmethod
     def stored_size(key_bytes: int, payload_bytes: int) -> int:
@@ -135,12 +144,16 @@ class DiskTier:
         return os.path.join(self.path, self._prefix + key.hex() + SUFFIX)
 
     def contains(self, key: bytes) -> bool:
-        return os.path.exists(self.file_path(key))
+        return os.path.isfile(self.file_path(key))
 
     def get(self, key: bytes) -> bytes | None:
         path = self.file_path(key)
         try:
-            with open(path, "rb") as f:
+            f = open_regular(path)
+            if f is None:
+                self._not_a_file(path, key)
+                return None
+            with f:
                 try:
                     payload = read_block(f, self.fingerprint, key)
                 except BadBlockFile as bad:
@@ -163,16 +176,17 @@ class DiskTier:
 
     def put(self, key: bytes, payload: bytes) -> list[bytes]:
         final = self.file_path(key)
+        data: bytes | memoryview = payload
         if type(payload) is not bytes:
-            payload = memoryview(payload).cast("B")  # len() in bytes, whatever the item type
-        size = self.stored_size(len(key), len(payload))
+            data = memoryview(payload).cast("B")  # len() in bytes, whatever the item type
+        size = self.stored_size(len(key), len(data))
         if size > self.capacity:
             return []
         try:
-            tmp = self._write_tmp(final, key, payload)  # outside the lock: gets go on meanwhile
+            tmp = self._write_tmp(final, key, data)  # outside the lock: gets go on meanwhile
         except FileNotFoundError:  # the directory was removed: make it again, once
             os.makedirs(self.path, exist_ok=True)
-            tmp = self._write_tmp(final, key, payload)
+            tmp = self._write_tmp(final, key, data)
         if time.monotonic() - self._last_scan >= self.rescan_interval:
             self._catch_up()  # other processes may have added or removed files
         with self._lock:
@@ -182,7 +196,7 @@ class DiskTier:
                 os.utime(tmp, ns=(stamp, stamp))
                 os.replace(tmp, final)
             except OSError:
-                _unlink_quietly(tmp)
+                unlink_quietly(tmp)
                 raise
             self._forget(key)
             self._entries[key] = size
@@ -195,7 +209,18 @@ class DiskTier:
 
     # --- internals -------------------------------------------------------------------------
 
-    def _write_tmp(self, final: str, key: bytes, payload: bytes) -> str:
+    def _not_a_file(self, path: str, key: bytes) -> None:
+        """A non-regular file under the key's name: not a block (not counted), warned once."""
+        with self._lock:
+            self._forget(key)
+        if path in self._warned or len(self._warned) >= MAX_WARNED_PATHS:
+            return
+        self._warned.add(path)
+        logger.warning(
+            "KV block path %s is not a regular file: a miss, left alone (warned once)", path
+        )
+
+    def _write_tmp(self, final: str, key: bytes, payload: bytes | memoryview) -> str:
         """The block written to a temp file beside `final`; OSError if it cannot be."""
         tmp = f"{final}.{os.getpid()}-{secrets.token_hex(4)}{TMP_SUFFIX}"
         try:
@@ -206,7 +231,7 @@ class DiskTier:
                     f.flush()
                     os.fsync(f.fileno())
         except OSError:
-            _unlink_quietly(tmp)
+            unlink_quietly(tmp)
             raise
         return tmp
 
@@ -233,7 +258,7 @@ class DiskTier:
         with os.scandir(self.path) as entries:
             for entry in entries:
                 key = self._key_of(entry.name)
-                if key is None:
+                if key is None or not entry.is_file(follow_symlinks=True):
                     continue
                 try:
                     st = entry.stat()
@@ -263,7 +288,7 @@ class DiskTier:
             return
         with self._lock:
             for key in [k for k in self._entries if k not in listed]:
-                if not os.path.exists(self.file_path(key)):
+                if not os.path.isfile(self.file_path(key)):
                     self._forget(key)
             arrived: list[tuple[int, bytes, int]] = []
             for key in listed.difference(self._entries):
@@ -271,6 +296,8 @@ class DiskTier:
                     st = os.stat(self.file_path(key))
                 except OSError:
                     continue  # removed meanwhile
+                if not stat.S_ISREG(st.st_mode):
+                    continue
                 arrived.append((st.st_mtime_ns, key, st.st_size))
             for mtime, key, size in sorted(arrived):
                 self._entries[key] = size
@@ -308,7 +335,7 @@ class DiskTier:
     def _lost(self, path: str, key: bytes) -> None:
         """Forget a counted key whose file is gone (another process evicted it)."""
         with self._lock:
-            if key in self._entries and not os.path.exists(path):
+            if key in self._entries and not os.path.isfile(path):
                 self._forget(key)
 
     def _forget(self, key: bytes) -> None:
@@ -332,25 +359,3 @@ class DiskTier:
                         os.unlink(entry.path)
                 except OSError:
                     pass  # renamed or removed by its writer meanwhile
-
-
-def _make_directory(path: str) -> None:
-    """Create the tier's directory; a ValueError says why it cannot be one."""
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise ValueError(f"{path} is a file, not a directory")
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError as exc:
-        raise ValueError(f"cannot create the directory {path}: {_reason(exc)}") from None
-
-
-def _reason(exc: OSError) -> str:
-    """ "permission denied", not "[Errno 13] Permission denied: '/x'"."""
-    if isinstance(exc, NotADirectoryError | FileExistsError):
-        return "a part of the path is a file, not a directory"
-    return (exc.strerror or str(exc)).lower()
-
-
-def _unlink_quietly(path: str) -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(path)

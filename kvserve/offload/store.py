@@ -40,6 +40,8 @@ class TierStack:
         self.listener: TierListener | None = None
         self.dropped_writes = 0
         """Writes to a tier that did not land (each tier a block was offered to counts)."""
+        self.dropped_by_medium = dict.fromkeys((t.medium for t in tiers), 0)
+        """The same drops by tier medium ("CPU", "STORAGE"): what /metrics exports."""
         self.bytes_saved = 0
         """Payload bytes of the blocks that landed in at least one tier."""
         self._lock = threading.Lock()
@@ -111,6 +113,7 @@ class TierStack:
         name = f"disk tier {tier.path}" if isinstance(tier, DiskTier) else f"{tier.medium} tier"
         with self._counts_lock:
             self.dropped_writes += 1
+            self.dropped_by_medium[tier.medium] += 1
             first = (name, cause) not in self._causes
             self._causes.add((name, cause))
         if first:

@@ -2,10 +2,12 @@
 
 POST /v1/completions and /v1/chat/completions are tokenized, their hits
 predicted and forwarded (forward.py); /v1/models, /tokenize and /detokenize
-are forwarded without a prediction. /health is 200 while some replica is
-healthy and the router is not draining; /metrics is the router's own
+are forwarded without a prediction. /health is 200 while some replica can
+take a request and the router is not draining; /metrics is the router's own
 registry. With an API key every route but /health and /metrics wants it, as
-on the replicas; the request then goes on with the same header.
+on the replicas; the request then goes on with the same header. A body
+larger than `max_request_bytes` is a 413 (limits.py); every answer of the
+router's own is OpenAI's error body (errors.py).
 """
 
 from __future__ import annotations
@@ -21,13 +23,17 @@ from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from kvserve.router import health
-from kvserve.router.forward import Prediction, error, forward
+from kvserve.router.errors import error, install_error_handlers
+from kvserve.router.forward import Prediction, forward
+from kvserve.router.limits import read_body
 from kvserve.router.prompts import extra_keys, prompt_token_ids
 from kvserve.router.replicas import headers
 from kvserve.router.state import RouterState
+from kvserve.version import version as installed
 
 log = logging.getLogger("kvserve.router")
 PREDICT_TIMEOUT_SECONDS = 10.0
@@ -54,10 +60,11 @@ def create_app(state: RouterState) -> FastAPI:
     app = FastAPI(
         title="kvserve router", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan
     )
+    install_error_handlers(app)
 
     @app.get("/health")
     async def health_check() -> Response:
-        up = any(r.healthy for r in state.replicas)
+        up = any(r.available for r in state.replicas)
         return Response(status_code=200 if up and not state.draining else 503)
 
     @app.get("/metrics")
@@ -65,10 +72,10 @@ def create_app(state: RouterState) -> FastAPI:
         return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/version")
-    async def version() -> dict[str, str]:
-        from kvserve import __version__
-
-        return {"version": __version__}
+    async def version(request: Request) -> Response:
+        if (denied := _unauthorized(request, state)) is not None:
+            return denied
+        return JSONResponse({"version": installed()})
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -87,29 +94,39 @@ def create_app(state: RouterState) -> FastAPI:
     return app
 
 
-def _refused(request: Request, state: RouterState) -> Response | None:
-    """401 without the key (compared in constant time); 503 while draining."""
+def _unauthorized(request: Request, state: RouterState) -> Response | None:
+    """401 without the key (compared in constant time)."""
     if state.api_key is not None:
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(
             given.strip().encode(), state.api_key.encode()
         ):
             return error("a valid API key is required (Authorization: Bearer KEY)", 401)
+    return None
+
+
+def _refused(request: Request, state: RouterState) -> Response | None:
+    """401 without the key; 503 (with Retry-After) while draining."""
+    if (denied := _unauthorized(request, state)) is not None:
+        return denied
     if state.draining:
-        refusal = error("the router is shutting down", 503)
-        refusal.headers["Retry-After"] = "1"
-        return refusal
+        return error("the router is shutting down", 503)
     return None
 
 
 async def _plain(request: Request, state: RouterState) -> Response:
-    return await forward(request, state, await request.body(), Prediction(checked=False))
+    raw = await read_body(request, state.max_request_bytes)
+    if isinstance(raw, Response):
+        return raw
+    return await forward(request, state, raw, Prediction(checked=False))
 
 
 async def _generate(request: Request, state: RouterState, chat: bool) -> Response:
     if (denied := _refused(request, state)) is not None:
         return denied
-    raw = await request.body()
+    raw = await read_body(request, state.max_request_bytes)
+    if isinstance(raw, Response):
+        return raw
     return await forward(request, state, raw, await _predict(state, chat, raw))
 
 

@@ -12,11 +12,12 @@ import logging
 
 import uvicorn
 
-from kvserve.model.tokenizer import load_tokenizer
+from kvserve.model.checkpoint.tokenizer import load_tokenizer
 from kvserve.router.app import create_app
 from kvserve.router.follower import EventFollower
 from kvserve.router.health import follow
 from kvserve.router.lifecycle import RouterServer
+from kvserve.router.limits import MAX_REQUEST_BYTES
 from kvserve.router.metrics import RouterMetrics
 from kvserve.router.replicas import discover
 from kvserve.router.state import RouterState
@@ -32,6 +33,7 @@ def build_router(
     model: str | None = None,
     wait: float = 30.0,
     health_interval: float = 1.0,
+    max_request_bytes: int | None = None,
 ) -> RouterState:
     """`model`: where the router reads the replicas' tokenizer (default: the path they report)."""
     chosen = make_policy(policy)
@@ -50,6 +52,7 @@ def build_router(
         tokenizer,
         api_key,
         health_interval,
+        MAX_REQUEST_BYTES if max_request_bytes is None else max_request_bytes,
     )
     follower.start()
     for replica in replicas:

@@ -4,8 +4,17 @@ The answer's bytes go to the client as they come, untouched. The first one
 is awaited before the client sees anything, so a replica that refuses the
 connection or drops it before answering costs nothing but a retry: the
 request is sent once more, to another replica (the failed one is marked
-down until its /health answers again). After the first byte, a broken
-answer is the client's to see (a stream ends with an error event).
+down until its /health answers again). A replica that answers 503 (it is
+draining, or its queue is full) while another could take the request is
+not relayed either: the request goes to another, and the refusing replica
+gets nothing new until its /health answers 200 again (health.py). After the
+first byte, a broken answer is the client's to see (a stream ends with an
+error event).
+
+A client that leaves before the first byte (a non-streamed answer comes
+whole at the end) is noticed at once: the connection to the replica is
+closed, which makes the replica abort the request instead of finishing it
+for nobody. After the first byte the relay notices it (Starlette listens).
 
 Loads are kept here: `running` from sending to the answer's end,
 `queued_prefill_tokens` (prompt tokens less the predicted hit) until its
@@ -17,18 +26,23 @@ unescaped).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import httpx
 from fastapi import Request, Response
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from kvserve.router.health import mark_down
+from kvserve.router.errors import error
+from kvserve.router.health import mark_down, mark_refusing
+from kvserve.router.limits import bounded
 from kvserve.router.replicas import Replica
 from kvserve.router.state import RouterState
 
@@ -41,6 +55,9 @@ NOT_SENT = HOP_BY_HOP | {"host", "content-length"}
 """Request headers httpx sets itself."""
 NOT_RELAYED = HOP_BY_HOP | {"date", "server"}
 """Response headers uvicorn sets itself."""
+T = TypeVar("T")
+GONE_STATUS = 499
+"""What a request whose client left is counted as (nginx's "client closed request")."""
 CACHED = re.compile(rb'"cached_tokens":\s*(\d+)')
 TAIL = 64
 """Bytes kept from the previous chunk, so a match split between chunks is seen."""
@@ -59,21 +76,27 @@ class Prediction:
         return (self.hits[replica] if replica < len(self.hits) else None) or 0
 
 
-def error(message: str, status: int) -> JSONResponse:
-    """OpenAI's error body, for what the router itself refuses."""
-    kind = "service_unavailable_error" if status == 503 else "invalid_request_error"
-    body = {"error": {"message": message, "type": kind, "param": None, "code": None}}
-    return JSONResponse(body, status_code=status)
+@dataclass(slots=True, frozen=True)
+class _Refused:
+    """The replica answered 503 and another replica may take the request."""
+
+    reason: str
+
+
+class _ClientGone(Exception):
+    """The client left before the answer's first byte."""
 
 
 async def forward(
     request: Request, state: RouterState, raw: bytes, prediction: Prediction
 ) -> Response:
-    """Send to the policy's choice; once more elsewhere if it fails before its first byte."""
+    """Send to the policy's choice; elsewhere if it fails before its first byte (once) or
+    answers 503 (while another replica is available)."""
     state.in_flight += 1  # until the relay closes, or now if there is none
     excluded: set[int] = set()
     failure = "no replica is healthy"
-    for _attempt in range(2):
+    broken = 0
+    while broken < 2:
         loads = [r.load(r.index in excluded) for r in state.replicas]
         hits = [prediction.hit(r.index) for r in state.replicas]
         try:
@@ -81,25 +104,43 @@ async def forward(
         except ValueError:
             break
         replica = state.replicas[choice.replica]
+        others = any(
+            r.available and r is not replica and r.index not in excluded for r in state.replicas
+        )
         try:
-            answer = await _send(request, state, replica, raw, prediction)
+            answer = await _send(request, state, replica, raw, prediction, retry_503=others)
+        except _ClientGone:
+            state.in_flight -= 1
+            log.info("client left before the answer: the request on %s is aborted", replica.url)
+            return Response(status_code=GONE_STATUS)
         except BaseException:
             state.in_flight -= 1
             raise
         if isinstance(answer, Response):
             return answer
-        failure = answer
         excluded.add(replica.index)
         state.metrics.retries.labels(replica.url).inc()
-        mark_down(state, replica, failure)
+        if isinstance(answer, _Refused):
+            failure = answer.reason
+            mark_refusing(replica, failure)
+        else:
+            failure = answer
+            broken += 1
+            mark_down(state, replica, failure)
     state.in_flight -= 1
     return error(f"no replica could take the request: {failure}", 503)
 
 
 async def _send(
-    request: Request, state: RouterState, replica: Replica, raw: bytes, prediction: Prediction
-) -> Response | str:
-    """The relayed answer, or why the replica failed before its first byte."""
+    request: Request,
+    state: RouterState,
+    replica: Replica,
+    raw: bytes,
+    prediction: Prediction,
+    retry_503: bool,
+) -> Response | _Refused | str:
+    """The relayed answer, a 503 to retry elsewhere, or why the replica failed before its
+    first byte; _ClientGone if the client left first (the replica's connection closed)."""
     client = state.http()
     label = replica.url
     predicted = prediction.hits[replica.index] if prediction.hits else None
@@ -117,20 +158,19 @@ async def _send(
         headers=headers,
         content=raw,
     )
-    upstream: httpx.Response | None = None
     try:
-        upstream = await client.send(upstream_request, stream=True)
-        chunks = upstream.aiter_raw()
-        first = await anext(chunks, b"")
+        upstream, chunks, first = await _unless_gone(request, _open(client, upstream_request))
     except BaseException as exc:
         replica.running -= 1
-        if upstream is not None:
-            await upstream.aclose()
         if isinstance(exc, httpx.TransportError):
             return f"{replica.url}: {type(exc).__name__}: {exc}"
         raise
     finally:
         replica.queued_prefill_tokens -= prefill
+    if upstream.status_code == 503 and retry_503:
+        replica.running -= 1
+        await upstream.aclose()
+        return _Refused(f"{replica.url} answered 503")
     watch = _Watch(upstream.status_code, predicted, prediction.checked)
 
     def done() -> None:
@@ -138,7 +178,9 @@ async def _send(
         state.in_flight -= 1
         watch.report(state, label)
 
-    headers_out = {k: v for k, v in upstream.headers.items() if k.lower() not in NOT_RELAYED}
+    headers_out = {
+        k: bounded(v) for k, v in upstream.headers.items() if k.lower() not in NOT_RELAYED
+    }
     stream = "text/event-stream" in upstream.headers.get("content-type", "")
     return _Relay(
         _body(first, chunks, watch, replica.url, stream),
@@ -147,6 +189,42 @@ async def _send(
         upstream=upstream,
         on_close=done,
     )
+
+
+async def _open(
+    client: httpx.AsyncClient, upstream_request: httpx.Request
+) -> tuple[httpx.Response, AsyncIterator[bytes], bytes]:
+    """The replica's answer and its first bytes (closed again if they never come)."""
+    upstream = await client.send(upstream_request, stream=True)
+    try:
+        chunks = upstream.aiter_raw()
+        return upstream, chunks, await anext(chunks, b"")
+    except BaseException:
+        await upstream.aclose()
+        raise
+
+
+async def _unless_gone(request: Request, work: Awaitable[T]) -> T:
+    """`work`, cancelled (closing what it opened) with _ClientGone if the client leaves first."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+        gone.cancel()
+    if not task.cancelled():
+        return task.result()
+    raise _ClientGone
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client has gone (its body was read whole before)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 @dataclass(slots=True)
@@ -211,9 +289,9 @@ class _Relay(StreamingResponse):
 
     def __init__(
         self, content: AsyncIterator[bytes], *, upstream: httpx.Response,
-        on_close: Callable[[], None], **kwargs: object,
+        on_close: Callable[[], None], **kwargs: Any,
     ) -> None:  # fmt: skip
-        super().__init__(content, **kwargs)  # type: ignore[arg-type]
+        super().__init__(content, **kwargs)
         self.upstream = upstream
         self.on_close = on_close
 

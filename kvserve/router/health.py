@@ -1,7 +1,10 @@
 """Replicas up and down: /health every `health_interval` seconds, and failures seen in flight.
 
 A replica that fails its check (or a request before any byte) gets no new
-request and its events are no longer followed. When it answers again its
+request and its events are no longer followed. One that answered a request
+with 503 (draining, or its queue full) gets no new request either, its events
+still followed, until its /health answers 200 (a draining one answers 503 and
+is marked down). When it answers again its
 /kv-metadata is read anew (it may have restarted with other settings, but
 never with another checkpoint or name: then it stays out) and its view is
 rebuilt from scratch: replay from batch 0 if still buffered, else a snapshot.
@@ -36,6 +39,13 @@ def mark_down(state: RouterState, replica: Replica, reason: str) -> None:
     state.follower.detach(replica.index)
 
 
+def mark_refusing(replica: Replica, reason: str) -> None:
+    if not replica.refusing:
+        log.warning("replica %s refuses requests (%s): none go to it until /health is 200",
+                    replica.url, reason)  # fmt: skip
+    replica.refusing = True
+
+
 async def watch(state: RouterState) -> None:
     """Runs while the app does (a task of its lifespan)."""
     while True:
@@ -53,6 +63,9 @@ async def _check(state: RouterState, replica: Replica) -> None:
         mark_down(state, replica, "/health failed")
     elif not replica.healthy:
         await _revive(state, replica)
+    elif replica.refusing:
+        replica.refusing = False
+        log.info("replica %s takes requests again", replica.url)
 
 
 async def _revive(state: RouterState, replica: Replica) -> None:
@@ -69,4 +82,5 @@ async def _revive(state: RouterState, replica: Replica) -> None:
     replica.info = info
     follow(state, replica)
     replica.healthy = True
+    replica.refusing = False
     log.info("replica %s is back", replica.url)

@@ -42,7 +42,8 @@ class RouterMetrics:
 
         self.requests = counter("requests", "Requests sent to the replica (retries included).")
         self.retries = counter(
-            "retries", "Requests that failed on the replica before any byte and were resent."
+            "retries",
+            "Requests that failed on the replica before any byte, or got a 503, and were resent.",
         )
         self.predicted = counter(
             "predicted_hit_tokens", "Prefix-cache hit tokens predicted for requests sent to it."

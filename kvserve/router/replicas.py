@@ -31,13 +31,21 @@ class Replica:
     info: dict[str, Any]
     """Its GET /kv-metadata."""
     healthy: bool = True
+    refusing: bool = False
+    """It answered 503 (draining, or a full queue): nothing new until /health says 200."""
     running: int = 0
     """Requests sent to it whose answer has not ended."""
     queued_prefill_tokens: int = 0
     """Prompt tokens sent to it (less the predicted hit) whose answer has not begun."""
 
+    @property
+    def available(self) -> bool:
+        """Whether a new request may go to it."""
+        return self.healthy and not self.refusing
+
     def load(self, excluded: bool = False) -> ReplicaLoad:
-        return ReplicaLoad(self.running, self.queued_prefill_tokens, self.healthy and not excluded)
+        usable = self.available and not excluded
+        return ReplicaLoad(self.running, self.queued_prefill_tokens, usable)
 
     @property
     def caching(self) -> bool:

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 
 from kvserve.router.follower import EventFollower
+from kvserve.router.limits import MAX_REQUEST_BYTES
 from kvserve.router.metrics import RouterMetrics
 from kvserve.router.replicas import Replica
 from kvserve.routing import Policy
@@ -31,10 +32,12 @@ class RouterState:
     follower: EventFollower
     metrics: RouterMetrics
     tokenizer: Any
-    """The replicas' own tokenizer (kvserve.model.tokenizer.load_tokenizer), or None."""
+    """The replicas' own tokenizer (kvserve.model.checkpoint.tokenizer.load_tokenizer), or None."""
     api_key: str | None = None
     """Wanted from clients and sent to the replicas (one key for the whole deployment)."""
     health_interval: float = 1.0
+    max_request_bytes: int = MAX_REQUEST_BYTES
+    """A larger request body is a 413, refused before it is read whole."""
     client: httpx.AsyncClient | None = None
     """Opened when the app starts (its connections belong to the event loop)."""
     tokenizer_thread: ThreadPoolExecutor = field(default_factory=_tokenizer_thread)

@@ -1,9 +1,11 @@
 """The FastAPI application: routes, the API key check, and the small endpoints.
 
 Generation lives in completions.py; this file wires it up with /v1/models,
-/health, /metrics, /version, /kv-metadata, /tokenize and /detokenize. With an API key every
-route but /health and /metrics wants `Authorization: Bearer KEY` (compared in
-constant time), so a load balancer can probe and scrape a protected server.
+/health, /metrics, /version, /kv-metadata, /openapi.json, /tokenize and /detokenize.
+With an API key every route but /health and /metrics wants `Authorization:
+Bearer KEY` (compared in constant time), so a load balancer can probe and
+scrape a protected server. Request bodies pass limits.py's size and time
+limits first; tokenizer work runs on the tokenizer's worker thread.
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from kvserve.serve import completions, protocol
 from kvserve.serve.errors import APIError, error_response, install_error_handlers
+from kvserve.serve.limits import BodyLimits
+from kvserve.serve.openapi import openapi_document
 from kvserve.serve.state import ServerState
+from kvserve.version import version as installed_version
 
 OPEN_PATHS = frozenset({"/health", "/metrics"})
 
@@ -27,13 +32,19 @@ def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="kvserve", docs_url=None, redoc_url=None, openapi_url=None)
     install_error_handlers(app)
 
-    if state.api_key is not None:
+    app.add_middleware(BodyLimits, limits=state.limits)
+    if state.api_key is not None:  # outermost: a request without the key is not even read
         app.add_middleware(_KeyCheck, api_key=state.api_key)
 
     @app.get("/health")
     async def health() -> Response:
-        """200 while serving; 503 once draining, so a load balancer stops sending."""
-        return Response(status_code=503 if state.draining else 200)
+        """200 while serving; 503 once draining or once the engine died, so a load
+        balancer stops sending."""
+        return Response(status_code=200 if state.healthy else 503)
+
+    @app.get("/openapi.json")
+    async def openapi() -> dict[str, Any]:
+        return openapi_document(installed_version())
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -43,9 +54,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/version")
     async def version() -> dict[str, str]:
-        from kvserve.cli import version as installed
-
-        return {"version": installed()}
+        return {"version": installed_version()}
 
     @app.get("/kv-metadata")
     async def kv_metadata() -> dict[str, Any]:
@@ -81,15 +90,16 @@ def create_app(state: ServerState) -> FastAPI:
     @app.post("/detokenize")
     async def detokenize(request: Request) -> dict[str, Any]:
         body = protocol.parse_json(await request.body())
+        protocol.check_fields(body, frozenset({"model", "tokens"}))
         state.check_model(body.get("model"))
         tokens = body.get("tokens")
         if not isinstance(tokens, list) or not all(
             isinstance(t, int) and not isinstance(t, bool) for t in tokens
         ):
             raise APIError("tokens must be a list of token ids", param="tokens")
-        tokenizer = _tokenizer(state)
-        text = await state.engine.call(lambda: tokenizer.decode(tokens))
-        return {"prompt": text}
+        state.tokens.checked_tokenizer()
+        state.tokens.check_ids(tokens, "tokens")
+        return {"prompt": await state.tokens.decode(tokens)}
 
     return app
 
@@ -114,37 +124,22 @@ class _KeyCheck:
         await self.app(scope, receive, send)
 
 
-def _tokenizer(state: ServerState) -> Any:
-    tokenizer = state.engine.engine.tokenizer
-    if tokenizer is None:
-        raise APIError("this checkpoint has no tokenizer")
-    return tokenizer
-
-
 async def _tokenize(request: Request, state: ServerState) -> dict[str, Any]:
     """A prompt's token ids, or a conversation's through the chat template (as chat runs it)."""
-    from kvserve.chat_template import render
-
     body = protocol.parse_json(await request.body())
     protocol.check_fields(body, frozenset({"model", "prompt", "messages", "add_special_tokens"}))
     state.check_model(body.get("model"))
-    tokenizer = _tokenizer(state)
+    worker = state.tokens
+    worker.checked_tokenizer()
     if "messages" in body:
-        messages = protocol.chat_messages(body)
-
-        def work() -> list[int]:
-            return render(tokenizer, messages)[1]
+        tokens = await worker.render(protocol.chat_messages(body))
     else:
         prompt = body.get("prompt")
         if not isinstance(prompt, str):
             raise APIError("prompt must be a string", param="prompt")
         special = body.get("add_special_tokens", True)
-
-        def work() -> list[int]:
-            return list(tokenizer.encode(prompt, add_special_tokens=bool(special)))
-
-    try:
-        tokens = await state.engine.call(work)
-    except ValueError as exc:
-        raise APIError(str(exc), param="messages") from None
+        if not isinstance(special, bool):
+            raise APIError("add_special_tokens must be true or false", param="add_special_tokens")
+        worker.check_length(len(prompt), "prompt")
+        tokens = await worker.encode(prompt, add_special_tokens=special)
     return {"tokens": tokens, "count": len(tokens), "max_model_len": state.max_model_len}

@@ -1,13 +1,16 @@
 """`POST /v1/completions` and `POST /v1/chat/completions`: one request, answered or streamed.
 
-Both run the same way: each prompt of the request goes to the engine thread
+Both run the same way: each prompt is checked and tokenized on the tokenizer's
+worker thread (tokenizer_worker.py), then goes to the engine thread as token ids
 with DELTA outputs (pieces of text that never split a UTF-8 character and add
 up to the final text exactly), all onto one asyncio queue; the handler reads
 them and either joins them (one JSON answer) or sends each as a Server-Sent
 Event. The first output of every prompt is awaited before a stream starts, so
 a request the engine refuses is still a plain 400. A client that goes away
-aborts its request. Choice `i * n + j` is prompt i's completion j (a batch of
-prompts, each with `n` completions). Response bodies are built in responses.py.
+aborts its request. A request the engine fails alone (its output carries the
+error) is a 500, or an error event in a stream already started. Choice
+`i * n + j` is prompt i's completion j (a batch of prompts, each with `n`
+completions). Response bodies are built in responses.py.
 """
 
 from __future__ import annotations
@@ -24,9 +27,10 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from kvserve.outputs import RequestOutput
+from kvserve.sampling_params import SamplingParams
 from kvserve.serve import fields, protocol
 from kvserve.serve.engine_thread import RequestRefused, ServerStopping, Submission
-from kvserve.serve.errors import APIError
+from kvserve.serve.errors import APIError, error_body
 from kvserve.serve.responses import Job, Part
 from kvserve.serve.state import ServerState
 
@@ -39,22 +43,35 @@ async def completions(request: Request, state: ServerState) -> Any:
     ignored = _ignored(body, state, chat=False)
     state.check_model(body.get("model"))
     prompts = protocol.completion_prompts(body)
-    return await _run(request, state, body, prompts, chat=False, ignored=ignored)
+    params = protocol.sampling_params(body, chat=False, max_n=state.max_n)
+    state.check_admission(len(prompts))
+    tokens = state.tokens
+    for prompt in prompts:  # every length checked before any is tokenized
+        if isinstance(prompt, str):
+            tokens.check_length(len(prompt), "prompt")
+        else:
+            _check_ids(state, prompt)
+    ids = [p if isinstance(p, list) else await tokens.encode(p) for p in prompts]
+    return await _run(request, state, body, params, prompts, ids, chat=False, ignored=ignored)
 
 
 async def chat_completions(request: Request, state: ServerState) -> Any:
-    from kvserve.chat_template import render
-
     body = protocol.parse_json(await request.body())
     ignored = _ignored(body, state, chat=True)
     state.check_model(body.get("model"))
     messages = protocol.chat_messages(body)
-    tokenizer = state.engine.engine.tokenizer
-    try:
-        _, ids = await state.engine.call(lambda: render(tokenizer, messages))
-    except ValueError as exc:  # no template, or an empty rendering: say so
-        raise APIError(str(exc), param="messages") from None
-    return await _run(request, state, body, [ids], chat=True, ignored=ignored)
+    params = protocol.sampling_params(body, chat=True, max_n=state.max_n)
+    state.check_admission()
+    ids = await state.tokens.render(messages)
+    return await _run(request, state, body, params, [ids], [ids], chat=True, ignored=ignored)
+
+
+def _check_ids(state: ServerState, ids: list[int]) -> None:
+    """A token-id prompt: in the vocabulary, and shorter than max_model_len."""
+    limit = state.max_model_len
+    if limit is not None and len(ids) >= limit:
+        raise APIError(f"the prompt is {len(ids)} tokens; max_model_len is {limit}", param="prompt")
+    state.tokens.check_ids(ids, "prompt", state.vocab_size)
 
 
 def _ignored(body: dict[str, Any], state: ServerState, chat: bool) -> list[str]:
@@ -69,11 +86,13 @@ async def _run(
     request: Request,
     state: ServerState,
     body: dict[str, Any],
+    params: SamplingParams,
     prompts: list[str | list[int]],
+    prompt_ids: list[list[int]],
     chat: bool,
     ignored: list[str],
 ) -> Any:
-    params = protocol.sampling_params(body, chat=chat)
+    """`prompts` as given (echo shows them), `prompt_ids` what the engine runs."""
     options = protocol.response_options(body, chat=chat)
     cache_salt = protocol.cache_salt(body)
     state.check_admission(len(prompts))
@@ -88,10 +107,10 @@ async def _run(
     )
     if state.log_requests:
         log.info("request %s: prompts=%r params=%r", job.request_id, prompts, params)
-    for i, prompt in enumerate(prompts):
+    for i, ids in enumerate(prompt_ids):
         engine_id = job.request_id if len(prompts) == 1 else f"{job.request_id}-{i}"
         job.parts[engine_id] = Part(index=i)
-        state.engine.submit(Submission(engine_id, prompt, params, cache_salt), job.outputs)
+        state.engine.submit(Submission(engine_id, ids, params, cache_salt), job.outputs)
     await _first_outputs(job, state)
     if options.echo:
         await _echo_texts(job, state, prompts)
@@ -119,6 +138,8 @@ async def _first_outputs(job: Job, state: ServerState) -> None:
                 raise APIError(str(item), 503)
             if isinstance(item, BaseException):
                 raise APIError(str(item), 500)
+            if item.error is not None:
+                raise APIError(f"the engine failed this request: {item.error}", 500)
             waiting.discard(item.request_id)
             job.early.append(item)
     except BaseException:
@@ -131,15 +152,13 @@ async def _first_outputs(job: Job, state: ServerState) -> None:
 
 async def _echo_texts(job: Job, state: ServerState, prompts: list[str | list[int]]) -> None:
     """`echo`: each choice starts with its prompt's text (decoded when given as token ids)."""
-    tokenizer = state.engine.engine.tokenizer
     for part, prompt in zip(job.parts.values(), prompts, strict=True):
         if isinstance(prompt, str):
             part.echo = prompt
-        elif tokenizer is None:
+        elif state.tokens.tokenizer is None:
             raise APIError("echo needs a tokenizer to decode token-id prompts", param="echo")
         else:
-            ids = prompt
-            part.echo = await state.engine.call(lambda ids=ids: tokenizer.decode(ids))
+            part.echo = await state.tokens.decode(prompt)
 
 
 class _ClientGone(Exception):
@@ -171,6 +190,8 @@ async def _outputs(job: Job) -> AsyncIterator[RequestOutput]:
         item = pending.pop(0) if pending else await job.outputs.get()
         if isinstance(item, BaseException):
             raise item
+        if item.error is not None:
+            raise RuntimeError(f"the engine failed this request: {item.error}")
         part = job.parts[item.request_id]
         if item.finished:
             part.finished = True
@@ -188,7 +209,8 @@ async def _collect(request: Request, job: Job, state: ServerState) -> dict[str, 
         raise APIError("the client disconnected", 499) from None
     except ServerStopping as exc:
         raise APIError(str(exc), 503) from None
-    except RuntimeError as exc:
+    except RuntimeError as exc:  # the engine failed a prompt, or died: the others stop too
+        _abort(job, state)
         raise APIError(str(exc), 500) from None
     finally:
         watcher.cancel()
@@ -214,8 +236,8 @@ async def _events(job: Job, state: ServerState) -> AsyncIterator[str]:
         yield job.abort_chunk()
     except RuntimeError as exc:
         finished = True
-        error = {"error": {"message": str(exc), "type": "internal_server_error"}}
-        yield f"data: {json.dumps(error)}\n\n"
+        _abort(job, state)
+        yield f"data: {json.dumps(error_body(str(exc), 500))}\n\n"
     finally:
         if not finished:  # the client went away: free the engine's work
             _abort(job, state)

@@ -1,17 +1,24 @@
 """The engine's own thread: the only place a step runs, so the event loop never blocks.
 
-Everything that touches the engine (adding, aborting, stepping, the
-tokenizer) happens here, in order: the engine is not thread-safe, and a
-single owner needs no locks. The thread steps while there is work and sleeps
-on its command queue otherwise. Outputs go back to the asyncio queue of their
-request through `loop.call_soon_threadsafe`; a request the engine refuses
-gets the exception instead, and nothing else is disturbed.
+Everything that touches the engine (adding, aborting, stepping) happens
+here, in order: the engine is not thread-safe, and a single owner needs no
+locks. Prompts arrive as token ids (the tokenizer has its own worker thread,
+tokenizer_worker.py; the engine thread only decodes output text). The
+thread steps while there is work and sleeps on its command queue otherwise.
+Outputs go back to the asyncio queue of their request through
+`loop.call_soon_threadsafe`; a request the engine refuses gets the exception
+instead, and nothing else is disturbed.
+
+If the thread dies (an exception outside a request's own work: a step that
+fails as a whole leaves the engine's state unknown), every request running or
+queued gets `EngineDead` at once, later submissions get it straight away, and
+`on_death` tells the server, which turns /health 503 and exits non-zero so a
+supervisor restarts it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import logging
 import queue
@@ -53,11 +60,24 @@ class ServerStopping(Exception):
     """Put on the queues of requests still running when the server's drain time is over."""
 
 
-class EngineThread:
-    """Owns the engine; the server talks to it only through `submit`, `abort` and `call`."""
+class EngineDead(RuntimeError):
+    """The engine thread died: what every request running, queued or new gets."""
 
-    def __init__(self, engine: LLMEngine, observer: EngineObserver | None = None) -> None:
+
+class EngineThread:
+    """Owns the engine; the server talks to it only through `submit` and `abort`."""
+
+    def __init__(
+        self,
+        engine: LLMEngine,
+        observer: EngineObserver | None = None,
+        on_death: Callable[[str], None] | None = None,
+    ) -> None:
         self.engine = engine
+        self.on_death = on_death
+        """Called (on the engine thread) with the reason when the thread dies."""
+        self.dead: str | None = None
+        """Why the engine thread died; None while it lives."""
         self.observer = observer
         self._commands: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._streams: dict[str, _Stream] = {}
@@ -80,7 +100,12 @@ class EngineThread:
         """Queue a request; its outputs (or a RequestRefused) arrive on `outputs`, which
         several requests may share (outputs name their request)."""
         loop = asyncio.get_running_loop()
+        if self.dead is not None:
+            outputs.put_nowait(EngineDead(f"the engine is dead ({self.dead})"))
+            return
         self._commands.put(("add", (request, time.monotonic(), (loop, outputs))))
+        if self.dead is not None:  # it died while this was queued: nobody will take it
+            self._fail_commands()
 
     def abort(self, request_id: str) -> None:
         """Abort from the engine thread (between steps); a finished request is ignored."""
@@ -94,15 +119,38 @@ class EngineThread:
         """No request running or about to be added (a drain waits for this)."""
         return not self._streams and self._commands.empty()
 
-    async def call(self, fn: Callable[[], Any]) -> Any:
-        """Run `fn` in the engine thread (tokenizer work) and await its result."""
-        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        self._commands.put(("call", (fn, future)))
-        return await asyncio.wrap_future(future)
-
     # -- the thread ---------------------------------------------------------------
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:
+            log.critical("the engine thread died", exc_info=exc)
+            self._die(f"{type(exc).__name__}: {exc}"[:300])
+
+    def _die(self, reason: str) -> None:
+        """Fail everything running or queued, refuse what comes, tell the server."""
+        self.dead = reason
+        error = f"the engine died ({reason}); the server is restarting"
+        for stream in self._streams.values():
+            _send(stream, EngineDead(error))
+        self._streams.clear()
+        self._fail_commands()
+        if self.on_death is not None:
+            self.on_death(reason)
+
+    def _fail_commands(self) -> None:
+        """Answer every queued command with EngineDead (any thread may call it)."""
+        while True:
+            try:
+                kind, payload = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            error = EngineDead(f"the engine is dead ({self.dead})")
+            if kind == "add":
+                _send(payload[2], error)
+
+    def _loop(self) -> None:
         while not self._stopping:
             busy = self.engine.has_unfinished_requests()
             try:
@@ -141,6 +189,10 @@ class EngineThread:
                     observer.refused(request.request_id)
                 _send(stream, RequestRefused(request.request_id, str(exc)))
                 return
+            except Exception as exc:  # a bug in adding this one request: it alone fails
+                log.exception("request %s could not be added", request.request_id)
+                _send(stream, RuntimeError(f"internal error: {type(exc).__name__}"))
+                return
             self._streams[request.request_id] = stream
         elif kind == "abort":
             if self._streams.pop(payload, None) is not None:
@@ -151,12 +203,6 @@ class EngineThread:
                 self._abort(request_id)
                 _send(stream, ServerStopping("the server is shutting down"))
             self._streams.clear()
-        elif kind == "call":
-            fn, future = payload
-            try:
-                future.set_result(fn())
-            except Exception as exc:
-                future.set_exception(exc)
 
     def _abort(self, request_id: str) -> None:
         n = self.engine.num_completions(request_id)
@@ -166,16 +212,10 @@ class EngineThread:
             self.observer.aborted(request_id, n)
 
     def _step(self) -> None:
+        # A step that raises (not one request's fault: the engine fails those alone)
+        # leaves the engine half way through it: the thread dies (`_run`).
         started = time.monotonic()
-        try:
-            outputs = self.engine.step()
-        except Exception as exc:  # a broken step fails its requests, not the server
-            log.exception("engine step failed")
-            for request_id, stream in list(self._streams.items()):
-                self.engine.abort_request(request_id)
-                _send(stream, RuntimeError(f"engine step failed: {exc}"))
-            self._streams.clear()
-            return
+        outputs = self.engine.step()
         if self.observer is not None:
             self.observer.after_step(self.engine, started, outputs)
         for output in outputs:

@@ -2,20 +2,33 @@
 
 Clients (the `openai` package among them) read `{"error": {"message", "type",
 "param", "code"}}`; FastAPI's own 422 for a body it cannot validate would
-confuse them, so validation errors and malformed JSON are 400s here too.
+confuse them, so validation errors and malformed JSON are 400s here too. Any
+other exception (a bug) is a 500 in the same body, never plain text. A message
+is at most MAX_MESSAGE characters: it may quote the client's input.
 """
 
 from __future__ import annotations
 
+import logging
+import time
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+
+log = logging.getLogger("kvserve.serve")
+MAX_MESSAGE = 1000
+DISCONNECT_LOG_SECONDS = 10.0
+"""A client that leaves while sending its body: one log line per this many seconds."""
 
 _TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
     404: "not_found_error",
+    408: "timeout_error",
+    413: "invalid_request_error",
     500: "internal_server_error",
     503: "service_unavailable_error",
 }
@@ -44,6 +57,10 @@ def error_body(
     message: str, status: int, param: str | None = None, code: str | None = None
 ) -> dict[str, object]:
     kind = _TYPES.get(status, "invalid_request_error")
+    if len(message) > MAX_MESSAGE:
+        message = message[: MAX_MESSAGE - 3] + "..."
+    if param is not None and len(param) > 64:
+        param = param[:61] + "..."
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
@@ -52,7 +69,27 @@ def error_response(exc: APIError) -> JSONResponse:
     return JSONResponse(body, exc.status, headers=exc.headers)
 
 
+class LogEvery:
+    """One line (not a traceback) per `seconds` for an event clients cause at will,
+    with how many there were so far."""
+
+    def __init__(self, what: str, seconds: float = DISCONNECT_LOG_SECONDS) -> None:
+        self.what = what
+        self.seconds = seconds
+        self.count = 0
+        self._last = float("-inf")
+
+    def note(self) -> None:
+        self.count += 1
+        now = time.monotonic()
+        if now - self._last >= self.seconds:
+            self._last = now
+            log.info("%s (%d so far)", self.what, self.count)
+
+
 def install_error_handlers(app: FastAPI) -> None:
+    disconnects = LogEvery("a client disconnected while sending its request")
+
     async def api_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, APIError)
         return error_response(exc)
@@ -69,6 +106,17 @@ def install_error_handlers(app: FastAPI) -> None:
         assert isinstance(exc, StarletteHTTPException)
         return error_response(APIError(str(exc.detail), exc.status_code))
 
+    async def client_gone(_: Request, exc: Exception) -> Response:
+        disconnects.note()
+        return Response(status_code=499)  # nobody reads it
+
+    async def bug(_: Request, exc: Exception) -> JSONResponse:
+        # Starlette's outermost handler: it logs the traceback itself after this answer.
+        message = f"internal error: {type(exc).__name__}"
+        return error_response(APIError(message, 500))
+
     app.add_exception_handler(APIError, api_error)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(ClientDisconnect, client_gone)
+    app.add_exception_handler(Exception, bug)

@@ -43,6 +43,10 @@ log = logging.getLogger("kvserve.serve")
 HEADER = "x-kvserve-ignored-fields"
 MAX_LISTED = 32
 """Names in the header; past them one `+N` says how many more were ignored."""
+MAX_NAME = 64
+"""Characters of a name shown (header and log); a longer one is cut, ending in `...`."""
+MAX_HEADER = 2048
+"""The header's length at most: names past it are counted in the `+N`."""
 MAX_LOGGED = 64
 """Distinct names warned about per server: a client inventing names cannot fill the log."""
 
@@ -152,9 +156,16 @@ def header(names: list[str]) -> dict[str, str]:
     """`x-kvserve-ignored-fields: a,b` (names percent-encoded), or no header for none."""
     if not names:
         return {}
-    listed = [quote(name, safe="") for name in names[:MAX_LISTED]]
-    if len(names) > MAX_LISTED:
-        listed.append(f"+{len(names) - MAX_LISTED}")
+    listed: list[str] = []
+    size = 0
+    for name in names[:MAX_LISTED]:
+        shown = quote(name if len(name) <= MAX_NAME else name[: MAX_NAME - 3] + "...", safe="")
+        if size + len(shown) + 1 > MAX_HEADER:
+            break
+        listed.append(shown)
+        size += len(shown) + 1
+    if len(names) > len(listed):
+        listed.append(f"+{len(names) - len(listed)}")
     return {HEADER: ",".join(listed)}
 
 

@@ -7,6 +7,9 @@ for up to `shutdown_timeout` seconds, what is left is aborted (its streams end
 with finish_reason "abort"), and only then does uvicorn close. A second signal
 skips the wait. The caller then stops the engine thread, which sends the last
 KV events and finishes the tiers' writes.
+
+If the engine thread dies, the server stops at once (after DEATH_GRACE_SECONDS
+for the handlers to send their errors) and the process exits non-zero.
 """
 
 from __future__ import annotations
@@ -23,12 +26,25 @@ log = logging.getLogger("kvserve.serve")
 POLL_SECONDS = 0.05
 ABORT_GRACE_SECONDS = 2.0
 """After aborting: time for the handlers to send their last chunks before connections close."""
+DEATH_GRACE_SECONDS = 0.5
 
 
 class DrainingServer(GracefulServer):
     def __init__(self, config: uvicorn.Config, state: ServerState, shutdown_timeout: float):
         super().__init__(config, shutdown_timeout)
         self.state = state
+
+    def engine_died(self, reason: str) -> None:
+        """The engine thread died (called there): stop serving, soon, from the loop."""
+        loop = self._loop
+        if loop is None:
+            self.should_exit = True
+            return
+        log.error("the engine died (%s): the server stops", reason)
+        loop.call_soon_threadsafe(loop.call_later, DEATH_GRACE_SECONDS, self._exit_now)
+
+    def _exit_now(self) -> None:
+        self.should_exit = True
 
     async def drain(self) -> None:
         state = self.state

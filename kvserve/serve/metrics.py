@@ -52,6 +52,8 @@ class EngineSnapshot:
     generation_tokens: int = 0
     finished: tuple[tuple[str, int], ...] = ()
     """(finish reason, completions finished with it) since start."""
+    dropped_writes: tuple[tuple[str, int], ...] = ()
+    """(tier medium, KV block writes to it that did not land) since start; () without tiers."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -185,6 +187,15 @@ class _StateCollector(Collector):
         for reason, count in snap.finished:
             success.add_metric([self.model_name, reason], count)
         yield success
+        if snap.dropped_writes:  # only when the engine has offload tiers
+            dropped = CounterMetricFamily(
+                f"{p}:offload_dropped_writes",
+                "KV block writes to an offload tier that did not land (queue full, I/O error).",
+                labels=["model_name", "medium"],
+            )
+            for medium, count in snap.dropped_writes:
+                dropped.add_metric([self.model_name, medium], count)
+            yield dropped
         cache = self.cache
         info = GaugeMetricFamily(
             f"{p}:cache_config_info",
@@ -276,7 +287,16 @@ class EngineObserver:
             prompt_tokens=scheduler.stats.prompt_tokens,
             generation_tokens=engine.stats.generated_tokens,
             finished=tuple(sorted(self._finished.items())),
+            dropped_writes=_dropped_writes(engine),
         )
+
+
+def _dropped_writes(engine: LLMEngine) -> tuple[tuple[str, int], ...]:
+    """The offload tiers' dropped writes by medium (their counters are thread-safe ints)."""
+    tiers = engine.tiers
+    if tiers is None:
+        return ()
+    return tuple(sorted(tiers.connector.store.dropped_by_medium.items()))
 
 
 def cache_config_info(engine: LLMEngine) -> CacheConfigInfo:

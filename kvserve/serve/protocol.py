@@ -3,15 +3,18 @@
 The body is parsed by hand instead of by a pydantic model so that every
 refusal is a 400 naming the field, in OpenAI's words, and so that the checks
 are the engine's own: `SamplingParams` validates values and its ValueError
-names the field, which becomes the error's `param`.
+names the field, which becomes the error's `param`. The JSON itself is read by
+msgspec (fast; it refuses lone surrogates and integers past its range), at most
+MAX_JSON_DEPTH containers deep; flags are JSON booleans, nothing else.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from kvserve import prompt_fields
 from kvserve.chat_template import openai_messages
@@ -45,6 +48,7 @@ COMPLETION_FIELDS = frozenset({*_COMMON, "prompt", "echo", "logprobs"})
 CHAT_FIELDS = frozenset({*_COMMON, "messages", "logprobs", "top_logprobs"})
 DEFAULT_MAX_TOKENS = 16
 MAX_BATCH_PROMPTS = 256
+MAX_JSON_DEPTH = 32
 
 
 @dataclass(slots=True, frozen=True)
@@ -63,12 +67,33 @@ class ResponseOptions:
 def parse_json(raw: bytes) -> dict[str, Any]:
     """The body as a JSON object, or a 400 that says why not."""
     try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        body = msgspec.json.decode(raw)
+    except (msgspec.DecodeError, RecursionError) as exc:
+        if isinstance(exc, RecursionError) or "recursion" in str(exc).lower():
+            raise APIError(f"the request body nests deeper than {MAX_JSON_DEPTH}") from None
         raise APIError(f"the request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise APIError("the request body must be a JSON object")
+    if _deeper_than(body, MAX_JSON_DEPTH, raw):
+        raise APIError(f"the request body nests deeper than {MAX_JSON_DEPTH}")
     return body
+
+
+def _deeper_than(value: Any, limit: int, raw: bytes) -> bool:
+    """More than `limit` nested arrays and objects (cheap unless the body has that many)."""
+    if raw.count(b"[") + raw.count(b"{") <= limit:
+        return False
+    level = [value]
+    for _ in range(limit):
+        level = [
+            child
+            for container in level
+            for child in (container.values() if isinstance(container, dict) else container)
+            if isinstance(child, dict | list)
+        ]
+        if not level:
+            return False
+    return True
 
 
 def check_fields(body: dict[str, Any], allowed: frozenset[str]) -> None:
@@ -78,8 +103,17 @@ def check_fields(body: dict[str, Any], allowed: frozenset[str]) -> None:
             raise APIError(f"unsupported field {name!r}", param=name)
 
 
-def sampling_params(body: dict[str, Any], chat: bool = False) -> SamplingParams:
-    """SamplingParams from the body's sampling fields, with DELTA outputs (streaming)."""
+def sampling_params(
+    body: dict[str, Any], chat: bool = False, max_n: int | None = None
+) -> SamplingParams:
+    """SamplingParams from the body's sampling fields, with DELTA outputs (streaming);
+    `n` at most `max_n`."""
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise APIError("user must be a string", param="user")
+    n = body.get("n")
+    if max_n is not None and isinstance(n, int) and not isinstance(n, bool) and n > max_n:
+        raise APIError(f"n must be <= {max_n} (--max-n), got {n}"[:200], param="n")
     kwargs: dict[str, Any] = {"max_tokens": DEFAULT_MAX_TOKENS}
     for name, ours in _SAMPLING.items():
         if name in body and body[name] is not None:
@@ -138,7 +172,10 @@ def cache_salt(body: dict[str, Any]) -> str | None:
 
 
 def _flag(body: dict[str, Any], name: str) -> bool:
-    value = body.get(name) or False
+    """A JSON boolean (null: false); "", 0 or "yes" are refused, not read as one."""
+    value = body.get(name)
+    if value is None:
+        return False
     if not isinstance(value, bool):
         raise APIError(f"{name} must be true or false", param=name)
     return value

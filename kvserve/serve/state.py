@@ -12,7 +12,9 @@ from typing import Any
 from kvserve.serve.engine_thread import EngineThread
 from kvserve.serve.errors import APIError
 from kvserve.serve.fields import IgnoredLog
+from kvserve.serve.limits import ServeLimits
 from kvserve.serve.metrics import ServerMetrics
+from kvserve.serve.tokenizer_worker import TokenizerWorker
 
 RETRY_AFTER_SECONDS = 1
 
@@ -39,6 +41,35 @@ class ServerState:
     """Shutting down: new requests get a 503, running ones finish."""
     ignored_log: IgnoredLog = field(default_factory=IgnoredLog)
     """The ignored request fields already warned about (each name once)."""
+    limits: ServeLimits = field(default_factory=ServeLimits)
+    tokenizer: TokenizerWorker | None = None
+    """The tokenizer's worker thread (built from the engine's tokenizer when None)."""
+
+    def __post_init__(self) -> None:
+        if self.tokenizer is None:
+            self.tokenizer = TokenizerWorker(self.engine.engine.tokenizer, self.max_model_len)
+
+    @property
+    def tokens(self) -> TokenizerWorker:
+        assert self.tokenizer is not None
+        return self.tokenizer
+
+    @property
+    def max_n(self) -> int:
+        """The most completions per prompt (`--max-n`; default the engine's max_num_seqs)."""
+        if self.limits.max_n is not None:
+            return self.limits.max_n
+        return self.engine.engine.scheduler.config.max_num_seqs
+
+    @property
+    def vocab_size(self) -> int:
+        """The model's vocabulary: prompt token ids and logit_bias ids are below it."""
+        return int(self.engine.engine.runner.vocab_size)
+
+    @property
+    def healthy(self) -> bool:
+        """Serving: not draining, and the engine thread alive."""
+        return not self.draining and self.engine.dead is None
 
     def check_model(self, name: object) -> None:
         """A request may leave `model` out; naming another model is a 404, as OpenAI answers."""
@@ -55,6 +86,9 @@ class ServerState:
 
     def check_admission(self, num_requests: int = 1) -> None:
         """A 503 (with Retry-After) while draining, or when the wait queue is full."""
+        if self.engine.dead is not None:
+            dead = self.engine.dead
+            raise APIError(f"the engine is dead ({dead}); the server is restarting", 503)
         if self.draining:
             raise APIError("the server is shutting down", 503, headers=_RETRY)
         limit = self.max_queued_requests

@@ -52,7 +52,7 @@ def simulate_replicas(
     config: SimConfig,
     replicas: int,
     routing: str = "cache-aware",
-    progress: Callable[[int], None] | None = None,
+    progress: Callable[[int], object] | None = None,
 ) -> dict:
     """Route `workload` over `replicas` model-free engines with the policy `routing`;
     the report, per replica and in total, with the single-pool run beside it."""
@@ -143,7 +143,7 @@ class _Run:
         config: SimConfig,
         engines: list[LLMEngine],
         router: SimRouter,
-        progress: Callable[[int], None] | None,
+        progress: Callable[[int], object] | None,
     ) -> None:
         self.workload = workload
         self.config = config

@@ -145,7 +145,7 @@ def report_header(workload: Workload, config: SimConfig, num_blocks: int) -> dic
 def simulate(
     workload: Workload,
     config: SimConfig,
-    progress: Callable[[int], None] | None = None,
+    progress: Callable[[int], object] | None = None,
     before_step: Callable[[Scheduler, Any], None] | None = None,
 ) -> dict:
     """Run `workload` to completion through the engine's step loop; the report.
@@ -171,7 +171,7 @@ def _run(
     config: SimConfig,
     engine: LLMEngine,
     num_blocks: int,
-    progress: Callable[[int], None] | None,
+    progress: Callable[[int], object] | None,
     before_step: Callable[[Scheduler, Any], None] | None,
 ) -> dict:
     """Arrivals by step, one engine step each, follow-up turns as answers finish."""
@@ -252,6 +252,8 @@ def _run(
 
 
 def _offload_report(engine: LLMEngine, config: SimConfig) -> dict:
+    runner = engine.runner
+    assert isinstance(runner, ModelFreeRunner) and runner.kv is not None  # kept for the tiers
     stats = engine.stats_dict()
     keys = ("offload_bytes_loaded", "offload_bytes_saved", "offload_dropped_writes")
     return {
@@ -259,5 +261,5 @@ def _offload_report(engine: LLMEngine, config: SimConfig) -> dict:
         "kv_bytes_per_token": config.kv_bytes_per_token,
         "external_hit_tokens": stats["external_hit_tokens"],
         **{key: stats[key] for key in keys},
-        "kv_positions_checked": engine.runner.kv.checked_positions,
+        "kv_positions_checked": runner.kv.checked_positions,
     }

@@ -182,7 +182,9 @@ def test_engine_argv_gives_the_same_engine_args_again():
 
 
 def test_quantization_choices_are_the_model_rooms():
-    from kvserve.model.quantize import QUANTIZATIONS  # torch: imported here, not at parse time
+    from kvserve.model.quant.quantize import (
+        QUANTIZATIONS,  # torch: imported here, not at parse time
+    )
 
     action = engine_actions()["quantization"]
     assert tuple(action.choices) == QUANTIZATIONS and action.default == "none"

@@ -18,6 +18,6 @@ def demo_model(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="session")
 def demo_tokenizer(demo_model: str) -> Any:
     """The transformers tokenizer of the demo checkpoint, as the engine loads it."""
-    from kvserve.model.tokenizer import load_tokenizer
+    from kvserve.model.checkpoint.tokenizer import load_tokenizer
 
     return load_tokenizer(demo_model)

@@ -49,7 +49,7 @@ FAMILIES = {
 _ON_CUDA = pytest.mark.skipif(
     DEVICE == "cpu" and os.environ.get("KVSERVE_TEST_TRITON_ON_CPU") != "1",
     reason="Triton on the CPU is its interpreter, ~45 s a test (KVSERVE_TEST_TRITON_ON_CPU=1 "
-    "runs them); tests/model/test_triton_attention.py checks its kernels on the CPU",
+    "runs them); tests/model/attention/test_triton_attention.py checks its kernels on the CPU",
 )
 BACKENDS = {
     "plain": {},

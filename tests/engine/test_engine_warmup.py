@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from kvserve import LLM, SamplingParams
-from kvserve.model.warmup import warm_up
+from kvserve.model.memory.warmup import warm_up
 from tests._ports import free_port
 
 GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
@@ -69,7 +69,7 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @cuda
 def test_on_cuda_the_engine_warms_up_at_start_and_decodes_alike(checkpoints, caplog):
     path = checkpoints["qwen3"].path
-    with caplog.at_level(logging.INFO, logger="kvserve.model.warmup"):
+    with caplog.at_level(logging.INFO, logger="kvserve.model.memory.warmup"):
         warmed = LLM(path, block_size=16, dtype="float32", device="cuda", num_kv_blocks=256)
     assert "warm-up: " in caplog.text
     cold = LLM(path, block_size=16, dtype="float32", device="cuda", num_kv_blocks=256, warmup=False)

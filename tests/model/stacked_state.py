@@ -1,12 +1,12 @@
 """A checkpoint's state dict as the loader leaves the model: the projections that
-kvserve.model.fusion stacks into one layer, stacked (q/k/v -> qkv_proj, gate/up ->
+kvserve.model.quant.fusion stacks into one layer, stacked (q/k/v -> qkv_proj, gate/up ->
 gate_up_proj), so tests compare a loaded model with its checkpoint name by name."""
 
 from __future__ import annotations
 
 import torch
 
-from kvserve.model.layers import GatedMLP
+from kvserve.model.layers.common import GatedMLP
 from kvserve.model.models.decoder import DecoderAttention
 
 STACKED = {**DecoderAttention.FUSED_PROJECTIONS, **GatedMLP.FUSED_PROJECTIONS}

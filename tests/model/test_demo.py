@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from model_driver import generate
 from tokenizers import Tokenizer
 
 from kvserve.model import ModelRunner
 from kvserve.model.demo import DEMO_NAME, ensure_demo_model
+from tests.model.model_driver import generate
 
 
 @pytest.fixture(scope="module")

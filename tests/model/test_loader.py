@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from model_driver import make_chunk
 from safetensors.torch import load_file, save_file
-from stacked_state import stacked_state
 
 from kvserve.model import ModelLoadError, ModelRunner, load_model, load_model_config
 from kvserve.model.loader import weight_files
+from tests.model.model_driver import make_chunk
+from tests.model.stacked_state import stacked_state
 
 CPU = torch.device("cpu")
 

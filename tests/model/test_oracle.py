@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from model_driver import NEW, Driver, Request, generate, make_chunk, prompt
+
+from tests.model.model_driver import NEW, Driver, Request, generate, make_chunk, prompt
 
 BLOCK = 4  # the session runners' block size
 # Lengths around block boundaries: 1, k*BLOCK - 1, k*BLOCK, k*BLOCK + 1, longer.

@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 
 import pytest
-from model_driver import make_chunk
 
 from kvserve.model import ModelRunner
-from kvserve.model.kv_memory import CPU_CAP, cpu_kv_cache_memory
+from kvserve.model.memory.kv_memory import CPU_CAP, cpu_kv_cache_memory
+from tests.model.model_driver import make_chunk
 
 
 def make(checkpoints, arch="llama", **kwargs):

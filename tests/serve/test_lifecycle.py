@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from kvserve.cli.serve import LOOPBACK_EVENTS_ENDPOINT, loopback_events
+from kvserve.cli.common import LOOPBACK_EVENTS_ENDPOINT, loopback_events
 from kvserve.events.subscriber import KVEventSubscriber
 from tests._ports import free_port
 from tests.serve.conftest import start_server, stop_server

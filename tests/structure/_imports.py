@@ -1,4 +1,5 @@
-"""Which kvserve modules a module imports, read from its source (TYPE_CHECKING included)."""
+"""Which kvserve modules a module imports, read from its source: every import statement,
+at module level, in a function or under TYPE_CHECKING."""
 
 from __future__ import annotations
 
@@ -21,13 +22,21 @@ def imported_modules(path: Path) -> set[str]:
         if isinstance(node, ast.Import):
             names.update(a.name for a in node.names if a.name.startswith("kvserve"))
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("kvserve"):
-            names.add(node.module)
-            # `from kvserve.kvcache import plan` names a module too.
-            for alias in node.names:
-                candidate = f"{node.module}.{alias.name}"
-                if (PACKAGE.parent / (candidate.replace(".", "/") + ".py")).exists():
-                    names.add(candidate)
+            # `from kvserve.kvcache import plan` names the module plan; the package is
+            # named only when a name is taken from it (a parent package is never an edge:
+            # `import kvserve.kvcache.plan` runs kvserve/kvcache/__init__.py too).
+            submodules = {f"{node.module}.{a.name}" for a in node.names}
+            submodules = {m for m in submodules if is_module(m)}
+            names.update(submodules)
+            if len(submodules) < len(node.names):
+                names.add(node.module)
     return names
+
+
+def is_module(name: str) -> bool:
+    """Whether a dotted name is a module or package of kvserve (not a name inside one)."""
+    path = PACKAGE.parent / name.replace(".", "/")
+    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
 
 
 def import_graph(package: str) -> dict[str, set[str]]:

@@ -15,9 +15,10 @@ ALLOWED = (
     "kvserve.routing",
     "kvserve.events",
     "kvserve.chat_template",
-    "kvserve.model.tokenizer",
+    "kvserve.model.checkpoint.tokenizer",
     "kvserve.prompt_fields",
     "kvserve.graceful_server",
+    "kvserve.version",
 )
 
 

@@ -1,6 +1,6 @@
 """Registry: the `architectures[0]` of a config.json -> the class that runs it."""
 
-from kvserve.model.errors import ModelLoadError
+from kvserve.model.checkpoint.errors import ModelLoadError
 from kvserve.model.models.bamba import BambaForCausalLM
 from kvserve.model.models.decoder import DecoderForCausalLM
 from kvserve.model.models.gemma3 import Gemma3ForCausalLM

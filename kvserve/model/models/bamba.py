@@ -5,20 +5,22 @@ grouped-query attention (`self_attn`); both are pre-normed and followed by a
 SwiGLU MLP (`feed_forward`, after `pre_ff_layernorm`). What differs from the
 Llama decoder: attention rotates only the first `partial_rotary_factor` (0.5)
 of each head, and the mamba layers carry per-request state pages instead of a
-KV cache (see kvserve/model/mamba2.py). `config.layer_kinds` tells the runner
+KV cache (see kvserve/model/layers/mamba2.py). `config.layer_kinds` tells the runner
 which layer needs which: attention layers get (k_cache, v_cache) and an
 AttentionMetadata, mamba layers (conv_states, ssm_states) and a StateMetadata.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
 
-from kvserve.model.attention_metadata import AttentionMetadata
-from kvserve.model.config import ModelConfig
-from kvserve.model.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary
-from kvserve.model.mamba2 import Mamba2Mixer, StateMetadata
+from kvserve.model.attention.attention_metadata import AttentionMetadata
+from kvserve.model.checkpoint.config import ModelConfig
+from kvserve.model.layers.common import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary
+from kvserve.model.layers.mamba2 import Mamba2Mixer, StateMetadata
 from kvserve.model.models.decoder import DecoderAttention, DecoderForCausalLM, DecoderOptions
 
 LayerMeta = AttentionMetadata | StateMetadata
@@ -91,7 +93,8 @@ class BambaForCausalLM(DecoderForCausalLM):
         if config.mamba is None or len(config.layer_kinds) != config.num_layers:
             raise ValueError("BambaForCausalLM needs a config parsed with its layer kinds")
         self.config = config
-        self.model = BambaModel(config)
+        # The base class declares a DecoderModel: Bamba's has mamba layers and final_layernorm.
+        self.model: BambaModel = BambaModel(config)  # type: ignore[assignment]  # Bamba's own stack
         self.lm_head = (
             None
             if config.tie_word_embeddings
@@ -107,13 +110,14 @@ class BambaForCausalLM(DecoderForCausalLM):
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        metas: list[LayerMeta],
+        metas: Sequence[LayerMeta],
     ) -> torch.Tensor:
         """Per layer: (k_cache, v_cache) + AttentionMetadata, or (conv_states, ssm_states) +
         StateMetadata, as config.layer_kinds says."""
         x = self.model.embed_tokens(input_ids)
         cos_sin = None
         if "attention" in self.config.layer_kinds:
+            assert self.rotary is not None  # init_rotary (the loader calls it)
             cos_sin = self.rotary.cos_sin(positions, x.dtype)
         for layer, cache, meta in zip(self.model.layers, kv_caches, metas, strict=True):
             x = layer(x, cos_sin, cache, meta)

@@ -7,16 +7,17 @@ checkpoints so weights load by name without a mapping table.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 from torch import nn
 
-from kvserve.model.attention import paged_attention
-from kvserve.model.attention_metadata import AttentionMetadata
-from kvserve.model.config import ModelConfig
-from kvserve.model.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary
+from kvserve.model.attention.attention_metadata import AttentionMetadata
+from kvserve.model.attention.plain import paged_attention
+from kvserve.model.checkpoint.config import ModelConfig
+from kvserve.model.layers.common import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,11 +33,12 @@ class DecoderOptions:
 
 class DecoderAttention(nn.Module):
     """q/k/v load by their checkpoint names and run as one qkv_proj once the loader has
-    fused them (kvserve.model.fusion); q and k rotate together."""
+    fused them (kvserve.model.quant.fusion); q and k rotate together."""
 
     FUSED_PROJECTIONS: ClassVar[dict[str, tuple[str, ...]]] = {
         "qkv_proj": ("q_proj", "k_proj", "v_proj")
     }
+    qkv_proj: nn.Module  # set by the fusion
 
     def __init__(self, config: ModelConfig, options: DecoderOptions) -> None:
         super().__init__()
@@ -49,8 +51,8 @@ class DecoderAttention(nn.Module):
         self.k_proj = nn.Linear(hidden, self.num_kv_heads * d, bias=options.qkv_bias)
         self.v_proj = nn.Linear(hidden, self.num_kv_heads * d, bias=options.qkv_bias)
         self.o_proj = nn.Linear(self.num_heads * d, hidden, bias=options.o_bias)
-        self.q_norm = RMSNorm(d, config.rms_norm_eps) if options.qk_norm else None
-        self.k_norm = RMSNorm(d, config.rms_norm_eps) if options.qk_norm else None
+        self.q_norm: nn.Module | None = RMSNorm(d, config.rms_norm_eps) if options.qk_norm else None
+        self.k_norm: nn.Module | None = RMSNorm(d, config.rms_norm_eps) if options.qk_norm else None
 
     def forward(
         self,
@@ -63,7 +65,7 @@ class DecoderAttention(nn.Module):
         qkv = self.qkv_proj(x).view(x.shape[0], heads + 2 * kv_heads, self.head_dim)
         v = qkv[:, heads + kv_heads :]
         cos, sin = cos_sin
-        if self.q_norm is None:  # q and k side by side: one rotation
+        if self.q_norm is None or self.k_norm is None:  # q and k side by side: one rotation
             qk = self.rotate(qkv[:, : heads + kv_heads], cos, sin)
             q, k = qk[:, :heads], qk[:, heads:]
         else:
@@ -137,10 +139,11 @@ class DecoderForCausalLM(nn.Module):
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        metas: list[AttentionMetadata],
+        metas: Sequence[AttentionMetadata],
     ) -> torch.Tensor:
         """`kv_caches` and `metas` per layer (a layer reads its KV cache group's metadata)."""
         x = self.model.embed_tokens(input_ids)
+        assert self.rotary is not None  # init_rotary (the loader calls it)
         cos_sin = self.rotary.cos_sin(positions, x.dtype)
         for layer, kv_cache, meta in zip(self.model.layers, kv_caches, metas, strict=True):
             x = layer(x, cos_sin, kv_cache, meta)
@@ -152,7 +155,7 @@ class DecoderForCausalLM(nn.Module):
 
     def project_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Hidden states times the lm_head, or the embeddings when tied (a quantized model
-        may hold a packed lm_head even then: kvserve.model.quantize)."""
+        may hold a packed lm_head even then: kvserve.model.quant.quantize)."""
         if self.lm_head is None:
             return nn.functional.linear(hidden, self.model.embed_tokens.weight)
         return self.lm_head(hidden)

@@ -14,14 +14,15 @@ read only their window; the runner gives them sliding-window KV cache groups.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
-from kvserve.model.attention_metadata import AttentionMetadata
-from kvserve.model.config import ModelConfig, RopeConfig, _rope_config
-from kvserve.model.layers import GatedMLP, RotaryEmbedding
+from kvserve.model.attention.attention_metadata import AttentionMetadata
+from kvserve.model.checkpoint.config import ModelConfig, RopeConfig, _rope_config
+from kvserve.model.layers.common import GatedMLP, RotaryEmbedding
 from kvserve.model.models.decoder import DecoderAttention, DecoderForCausalLM, DecoderOptions
 
 DEFAULT_GLOBAL_THETA = 1_000_000.0
@@ -136,7 +137,8 @@ class Gemma3ForCausalLM(DecoderForCausalLM):
     def __init__(self, config: ModelConfig) -> None:
         nn.Module.__init__(self)
         self.config = config
-        self.model = Gemma3Model(config)
+        # The base class declares a DecoderModel: Gemma's has its own layers and norms.
+        self.model = Gemma3Model(config)  # type: ignore[assignment]  # Gemma's own layer stack
         self.lm_head = (
             None
             if config.tie_word_embeddings
@@ -156,11 +158,12 @@ class Gemma3ForCausalLM(DecoderForCausalLM):
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        metas: list[AttentionMetadata],
+        metas: Sequence[AttentionMetadata],
     ) -> torch.Tensor:
         embed = self.model.embed_tokens
         scale = torch.tensor(self.config.hidden_size**0.5).to(embed.weight.dtype)
         x = embed(input_ids) * scale
+        assert self.rotary is not None and self.local_rotary is not None  # init_rotary
         global_cs = self.rotary.cos_sin(positions, x.dtype)
         local_cs = self.local_rotary.cos_sin(positions, x.dtype)
         for layer, kv_cache, meta in zip(self.model.layers, kv_caches, metas, strict=True):

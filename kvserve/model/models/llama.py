@@ -1,6 +1,6 @@
 """Llama (2, 3, 3.1, 3.2) and the many checkpoints that reuse its layout."""
 
-from kvserve.model.config import ModelConfig
+from kvserve.model.checkpoint.config import ModelConfig
 from kvserve.model.models.decoder import DecoderForCausalLM, DecoderOptions
 
 

@@ -1,6 +1,6 @@
 """Qwen2 and Qwen2.5: Llama's layout with biases on q, k and v (not on o)."""
 
-from kvserve.model.config import ModelConfig
+from kvserve.model.checkpoint.config import ModelConfig
 from kvserve.model.models.decoder import DecoderForCausalLM, DecoderOptions
 
 

@@ -1,6 +1,6 @@
 """Qwen3 (dense): no q/k/v biases by default, RMSNorm per head on q and k."""
 
-from kvserve.model.config import ModelConfig
+from kvserve.model.checkpoint.config import ModelConfig
 from kvserve.model.models.decoder import DecoderForCausalLM, DecoderOptions
 
 

@@ -1,0 +1,114 @@
+"""Building blocks shared by every decoder: RMSNorm, rotary embedding, gated MLP.
+
+The arithmetic follows the reference (transformers) operation for operation,
+in the same dtypes, so greedy decoding matches it token for token. What runs
+once per layer is kept to few torch calls (a decode step of a small model is
+mostly their dispatch): the rotary tables are built once per step, q and k
+rotate together, and the MLP's gate and up projections are one matmul once the
+loader has fused them (kvserve.model.quant.fusion).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from kvserve.model.checkpoint.config import RopeConfig
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm, computed in float32 and cast back before the weight."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.float32:
+            h = x.float()
+            return self.weight * (h * _inverse_rms(h, self.eps)).to(x.dtype)
+        return self.weight * (x * _inverse_rms(x, self.eps))
+
+
+def _inverse_rms(h: torch.Tensor, eps: float) -> torch.Tensor:
+    """1 / sqrt(mean(h^2) + eps) over the last dim (in place on the fresh mean: no copies)."""
+    return h.pow(2).mean(-1, keepdim=True).add_(eps).rsqrt_()
+
+
+class GatedMLP(nn.Module):
+    """down(silu(gate(x)) * up(x)), the SwiGLU feed-forward of Llama and Qwen.
+
+    gate_proj and up_proj load by their checkpoint names and run as one
+    gate_up_proj once the loader has fused them (kvserve.model.quant.fusion).
+    """
+
+    FUSED_PROJECTIONS: ClassVar[dict[str, tuple[str, ...]]] = {
+        "gate_up_proj": ("gate_proj", "up_proj")
+    }
+    gate_up_proj: nn.Module  # set by the fusion
+
+    def __init__(self, hidden: int, intermediate: int, bias: bool) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=bias)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=bias)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate_up = self.gate_up_proj(x)
+        gate, up = gate_up.view(*x.shape[:-1], 2, -1).unbind(-2)
+        return self.down_proj(self.activation(gate) * up)
+
+    def activation(self, gate: torch.Tensor) -> torch.Tensor:
+        return nn.functional.silu(gate)
+
+
+def rope_inv_freq(rope: RopeConfig, head_dim: int, device: torch.device) -> torch.Tensor:
+    """Inverse frequencies of the rotary embedding, with linear or Llama 3.1 scaling."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim
+    inv_freq = 1.0 / (rope.theta**exponents)
+    if rope.scaling_type == "linear":
+        return inv_freq / rope.factor
+    if rope.scaling_type == "llama3":
+        # Long wavelengths are slowed down by `factor`, short ones kept, the band
+        # in between interpolated smoothly (Llama 3.1's context extension).
+        old_len = rope.original_max_position_embeddings
+        low_wavelen = old_len / rope.low_freq_factor
+        high_wavelen = old_len / rope.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / rope.factor, inv_freq)
+        smooth = (old_len / wavelen - rope.low_freq_factor) / (
+            rope.high_freq_factor - rope.low_freq_factor
+        )
+        smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
+        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        return torch.where(medium, smoothed, scaled)
+    return inv_freq
+
+
+class RotaryEmbedding:
+    """cos/sin tables for arbitrary positions (a batch mixes many sequences)."""
+
+    def __init__(self, rope: RopeConfig, head_dim: int, device: torch.device) -> None:
+        self.inv_freq = rope_inv_freq(rope, head_dim, device)
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        """[T, 1, rotary_dim] cos and signed sin (-sin on the first half) for the given
+        token positions: built once per step, for every layer and head (`apply_rotary`)."""
+        freqs = positions[:, None, None].float() * self.inv_freq
+        cos, sin = freqs.cos(), freqs.sin()
+        return torch.cat((cos, cos), dim=-1).to(dtype), torch.cat((-sin, sin), dim=-1).to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate [T, heads, rotary_dim] by the tables of `RotaryEmbedding.cos_sin`.
+
+    The reference's x * cos + cat(-x2, x1) * sin, as x * cos + cat(x2, x1) * signed_sin:
+    the same products (a sign moves exactly), in four torch calls.
+    """
+    halves = x.view(*x.shape[:-1], 2, x.shape[-1] // 2)  # the last dim is contiguous
+    rotated = halves.flip(-2).view(x.shape).mul_(signed_sin)  # cat(x2, x1) * signed_sin
+    return rotated.add_(x * cos)

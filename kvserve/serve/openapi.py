@@ -1,0 +1,137 @@
+"""The server's OpenAPI document (GET /openapi.json): its routes and their request bodies.
+
+The handlers read bodies by hand (protocol.py), so FastAPI cannot derive the
+schemas: they are written here, with the ranges the server enforces. The fuzz
+test (tests/serve/test_fuzz.py) generates requests from this document, valid
+and invalid, and checks that every answer is a 2xx or a 4xx in OpenAI's body.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvserve.chat_template import ROLES
+from kvserve.sampling_params import INT64_MAX, INT64_MIN, MAX_LOGIT_BIAS, MAX_LOGPROBS
+
+_INT64 = {"type": "integer", "minimum": INT64_MIN, "maximum": INT64_MAX}
+_TOKENS = {"type": "array", "items": {"type": "integer", "minimum": 0}}
+_STOP = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}
+_SAMPLING: dict[str, Any] = {
+    "model": {"type": "string"},
+    "max_tokens": {"type": "integer", "minimum": 1},
+    "max_completion_tokens": {"type": "integer", "minimum": 1},
+    "temperature": {"type": "number", "minimum": 0},
+    "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+    "top_k": {"type": "integer", "minimum": -1},
+    "min_p": {"type": "number", "minimum": 0, "maximum": 1},
+    "n": {"type": "integer", "minimum": 1},
+    "seed": _INT64,
+    "stop": _STOP,
+    "stop_token_ids": _TOKENS,
+    "ignore_eos": {"type": "boolean"},
+    "min_tokens": {"type": "integer", "minimum": 0},
+    "skip_special_tokens": {"type": "boolean"},
+    "include_stop_str_in_output": {"type": "boolean"},
+    "presence_penalty": {"type": "number", "minimum": -2, "maximum": 2},
+    "frequency_penalty": {"type": "number", "minimum": -2, "maximum": 2},
+    "repetition_penalty": {"type": "number", "exclusiveMinimum": 0},
+    "logit_bias": {
+        "type": "object",
+        "additionalProperties": {
+            "type": "number",
+            "minimum": -MAX_LOGIT_BIAS,
+            "maximum": MAX_LOGIT_BIAS,
+        },
+    },
+    "stream": {"type": "boolean"},
+    "stream_options": {
+        "type": "object",
+        "properties": {"include_usage": {"type": "boolean"}},
+    },
+    "user": {"type": "string"},
+    "cache_salt": {"type": "string", "minLength": 1},
+}
+_PROMPT = {
+    "oneOf": [
+        {"type": "string"},
+        {"type": "array", "items": {"type": "string"}, "minItems": 1},
+        {**_TOKENS, "minItems": 1},
+        {"type": "array", "items": {**_TOKENS, "minItems": 1}, "minItems": 1},
+    ]
+}
+_MESSAGE = {
+    "type": "object",
+    "required": ["role", "content"],
+    "properties": {"role": {"enum": list(ROLES)}, "content": {"type": "string"}},
+}
+BODIES: dict[str, dict[str, Any]] = {
+    "/v1/completions": {
+        "type": "object",
+        "required": ["prompt"],
+        "properties": {
+            **_SAMPLING,
+            "prompt": _PROMPT,
+            "echo": {"type": "boolean"},
+            "logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_LOGPROBS},
+        },
+    },
+    "/v1/chat/completions": {
+        "type": "object",
+        "required": ["messages"],
+        "properties": {
+            **_SAMPLING,
+            "messages": {"type": "array", "items": _MESSAGE, "minItems": 1},
+            "logprobs": {"type": "boolean"},
+            "top_logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_LOGPROBS},
+        },
+    },
+    "/tokenize": {
+        "type": "object",
+        "properties": {
+            "model": {"type": "string"},
+            "prompt": {"type": "string"},
+            "messages": {"type": "array", "items": _MESSAGE, "minItems": 1},
+            "add_special_tokens": {"type": "boolean"},
+        },
+        "additionalProperties": False,
+    },
+    "/detokenize": {
+        "type": "object",
+        "required": ["tokens"],
+        "properties": {"model": {"type": "string"}, "tokens": _TOKENS},
+    },
+}
+GETS = ("/health", "/metrics", "/version", "/v1/models", "/kv-metadata")
+_ERROR = {
+    "description": "OpenAI's error body",
+    "content": {
+        "application/json": {
+            "schema": {
+                "type": "object",
+                "required": ["error"],
+                "properties": {"error": {"type": "object", "required": ["message", "type"]}},
+            }
+        }
+    },
+}
+
+
+def openapi_document(version: str) -> dict[str, Any]:
+    paths: dict[str, Any] = {}
+    for path in GETS:
+        paths[path] = {"get": {"responses": {"200": {"description": "OK"}}}}
+    for path, schema in BODIES.items():
+        paths[path] = {
+            "post": {
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": schema}},
+                },
+                "responses": {"200": {"description": "OK"}, "default": _ERROR},
+            }
+        }
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "kvserve", "version": version},
+        "paths": paths,
+    }

@@ -1,0 +1,100 @@
+"""The server's tokenizer work on its own thread: off the engine thread and off the event loop.
+
+A prompt is tokenized (a conversation rendered through the chat template, ids
+decoded for /detokenize and echo) on one worker thread, so a big prompt stalls
+neither the steps of the requests running nor the loop that serves the others;
+the engine is handed token ids. One thread, so calls never overlap on the
+tokenizer (the engine thread only decodes, which changes no tokenizer state).
+
+Before any work, a prompt string is checked against the longest prompt that
+could fit: `max_model_len` tokens of at most `chars_per_token` characters each
+(twice the checkpoint's longest token, at least 32); a longer one is refused
+without being tokenized.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from kvserve.serve.errors import APIError
+
+T = TypeVar("T")
+MIN_CHARS_PER_TOKEN = 32
+
+
+class TokenizerWorker:
+    def __init__(self, tokenizer: Any | None, max_model_len: int | None) -> None:
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.vocab_size: int | None = None
+        self.chars_per_token = MIN_CHARS_PER_TOKEN
+        if tokenizer is not None:
+            vocab = tokenizer.get_vocab()
+            self.vocab_size = max(len(tokenizer), max(vocab.values(), default=-1) + 1)
+            longest = max((len(token) for token in vocab), default=0)
+            self.chars_per_token = max(MIN_CHARS_PER_TOKEN, 2 * longest)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="kvserve-tokenizer")
+
+    @property
+    def max_prompt_chars(self) -> int | None:
+        """The longest prompt string that could fit in max_model_len tokens (None: any)."""
+        if self.max_model_len is None:
+            return None
+        return self.max_model_len * self.chars_per_token
+
+    def check_length(self, num_chars: int, param: str) -> None:
+        """A 400 for text longer than any prompt that fits, before it is tokenized."""
+        limit = self.max_prompt_chars
+        if limit is not None and num_chars > limit:
+            raise APIError(
+                f"the prompt is {num_chars} characters, longer than any prompt of "
+                f"max_model_len ({self.max_model_len}) tokens can be (at most {limit})",
+                param=param,
+            )
+
+    def checked_tokenizer(self) -> Any:
+        if self.tokenizer is None:
+            raise APIError("this checkpoint has no tokenizer: send token ids")
+        return self.tokenizer
+
+    async def run(self, fn: Callable[[], T]) -> T:
+        """`fn` on the worker thread; its result (or its exception) here."""
+        return await asyncio.wrap_future(self._pool.submit(fn))
+
+    async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """A prompt's ids, as the engine's own tokenization would give them."""
+        tokenizer = self.checked_tokenizer()
+        return await self.run(
+            lambda: list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
+        )
+
+    async def render(self, messages: list[dict[str, Any]]) -> list[int]:
+        """A conversation's prompt ids through the checkpoint's chat template."""
+        from kvserve.chat_template import render
+
+        self.check_length(sum(len(m["content"]) for m in messages), "messages")
+        tokenizer = self.tokenizer
+        try:
+            return await self.run(lambda: render(tokenizer, messages)[1])
+        except ValueError as exc:  # no template, or an empty rendering: say so
+            raise APIError(str(exc), param="messages") from None
+
+    async def decode(self, ids: list[int]) -> str:
+        tokenizer = self.checked_tokenizer()
+        return await self.run(lambda: tokenizer.decode(ids))
+
+    def check_ids(self, ids: list[int], param: str, vocab: int | None = None) -> None:
+        """Token ids in [0, vocab) (default: the tokenizer's); a 400 naming the first not."""
+        vocab = vocab or self.vocab_size
+        if vocab is None:
+            return
+        if ids and (min(ids) < 0 or max(ids) >= vocab):
+            bad = next(t for t in ids if not 0 <= t < vocab)
+            shown = bad if abs(bad) < 10**20 else "a huge id"
+            raise APIError(f"token id {shown} is outside the vocabulary [0, {vocab})", param=param)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
