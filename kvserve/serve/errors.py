@@ -88,7 +88,7 @@ class LogEvery:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    disconnects = LogEvery("a client disconnected while sending its request")
+    disconnects = LogEvery("a client left while sending its request")
 
     async def api_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, APIError)
