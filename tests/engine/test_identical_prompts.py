@@ -81,13 +81,14 @@ def check_lengths(llm: LLM, ck, lengths: range | list[int], salt: int = 0) -> No
     assert llm.engine.manager.pool.num_used == 0
 
 
-@pytest.mark.parametrize("backend", ["plain", "flex"])
+@pytest.mark.parametrize("backend", ["plain", pytest.param("flex", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_identical_prompts_of_every_length_equal_transformers(request, arch, backend):
     ck = checkpoint_of(request, arch)
     check_lengths(make(ck, backend), ck, LENGTHS)
 
 
+@pytest.mark.slow  # Triton's interpreter
 @pytest.mark.parametrize(("arch", "lengths"), [("llama", [2 * BS, 4 * BS]), ("gemma3", [4 * BS])])
 def test_identical_block_aligned_prompts_through_triton_kernels(request, arch, lengths):
     """A sample (Triton's interpreter is slow): block-aligned copies, cold and cached."""

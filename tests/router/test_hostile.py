@@ -106,6 +106,7 @@ def test_no_replica_is_a_503_with_retry_after(replica):
         broken.close()
 
 
+@pytest.mark.slow
 def test_a_draining_replicas_503_goes_elsewhere_and_it_gets_nothing_new(demo):
     draining = start_replica(demo, wait=False)
     (other,) = start_replicas(demo, 1)
@@ -171,6 +172,7 @@ def send_half_a_body(url: str, times: int) -> None:
             time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_clients_that_leave_mid_body_are_one_line_not_tracebacks(demo):
     server = start_replica(demo)
     router = start_router([server])
