@@ -23,6 +23,14 @@ from kvserve.sampling_params import SamplingParams
 log = logging.getLogger("kvserve.engine")
 
 
+class GrammarRow(Protocol):
+    """What a runner reads of a constrained sequence: the tokens allowed next."""
+
+    def fill(self, bitmask: Any, row: int) -> None:
+        """Write the allowed tokens into row `row` of an int32 bitmask [rows, words]."""
+        ...
+
+
 @dataclass(slots=True)
 class SeqChunk:
     """One request's share of a step: its tokens, its KV plan, how to sample."""
@@ -42,6 +50,9 @@ class SeqChunk:
     """Tokens this request has generated so far (the last ones of `token_ids`, which the
     presence and frequency penalties count): below `params.min_tokens` no stop token
     (eos unless ignore_eos, stop_token_ids) can be sampled."""
+    grammar: GrammarRow | None = None
+    """The sequence's grammar state (kvserve.structured.state) when its output is
+    constrained: the runner reads it to mask the row's logits, never advances it."""
 
     @property
     def new_token_ids(self) -> Sequence[int]:

@@ -7,8 +7,10 @@ requests with this class before anything reaches the model.
 from __future__ import annotations
 
 import enum
+import json
 import math
 from dataclasses import dataclass
+from typing import Any
 
 
 class RequestOutputKind(enum.Enum):
@@ -25,6 +27,67 @@ class RequestOutputKind(enum.Enum):
     CUMULATIVE = 0
     DELTA = 1
     FINAL_ONLY = 2
+
+
+@dataclass(slots=True)
+class StructuredOutputsParams:
+    """One constraint on a request's output (vLLM's names); exactly one field is set.
+
+    `json`: a JSON schema (a dict or its text); `json_object`: any JSON object;
+    `regex`: the whole output matches it; `choice`: the output is one of these
+    strings; `grammar`: an EBNF grammar (GBNF, as xgrammar reads it) with a `root`
+    rule. Only the shape is checked here (pure Python); whether the grammar
+    backend can compile it is checked when the request is added (ValueError).
+    """
+
+    json: str | dict[str, Any] | None = None
+    json_object: bool | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+
+    def __post_init__(self) -> None:
+        set_ = [name for name in CONSTRAINTS if getattr(self, name) not in (None, False)]
+        if len(set_) != 1:
+            raise ValueError(
+                "structured_outputs needs exactly one of json, json_object, regex, choice, "
+                f"grammar; got {set_ or 'none'}"
+            )
+        if self.json is not None and not isinstance(self.json, str | dict):
+            raise ValueError(
+                f"structured_outputs.json must be a dict or a string, got {_short(self.json)}"
+            )
+        if self.json_object is not None and not isinstance(self.json_object, bool):
+            raise ValueError("structured_outputs.json_object must be True or False")
+        for name in ("regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"structured_outputs.{name} must be a non-empty string")
+        if self.choice is not None:
+            if (
+                not isinstance(self.choice, list | tuple)
+                or not self.choice
+                or not all(isinstance(c, str) for c in self.choice)
+            ):
+                raise ValueError("structured_outputs.choice must be a non-empty list of strings")
+            self.choice = list(self.choice)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """(kind, text): what a compiled grammar is cached under."""
+        if self.json is not None:
+            text = self.json if isinstance(self.json, str) else json.dumps(self.json)
+            return "json", text
+        if self.json_object:
+            return "json_object", ""
+        if self.regex is not None:
+            return "regex", self.regex
+        if self.choice is not None:
+            return "choice", json.dumps(self.choice)
+        return "grammar", self.grammar or ""
+
+
+CONSTRAINTS = ("json", "json_object", "regex", "choice", "grammar")
 
 
 @dataclass(slots=True)
@@ -50,7 +113,9 @@ class SamplingParams:
     `repetition_penalty` over the prompt and the generated tokens (a seen
     token's positive logit is divided by it, a negative one multiplied), then
     `presence_penalty` and `frequency_penalty` over the generated tokens
-    (logit -= presence * (count > 0) + frequency * count). `logprobs` asks for
+    (logit -= presence * (count > 0) + frequency * count). `structured_outputs`
+    constrains the output (kvserve.structured): its token mask applies before
+    all of these; a finished grammar ends the sequence ("stop"). `logprobs` asks for
     the sampled token's log-probability plus those of the `logprobs` most
     likely tokens at every generated position, from the model's raw
     distribution (before any adjustment, temperature or filter).
@@ -75,6 +140,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] | None = None
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -140,6 +206,11 @@ class SamplingParams:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         if self.logit_bias is not None:
             self.logit_bias = _checked_bias(self.logit_bias)
+        so = self.structured_outputs
+        if so is not None and not isinstance(so, StructuredOutputsParams):
+            raise ValueError(
+                f"structured_outputs must be StructuredOutputsParams, got {type(so).__name__}"
+            )
 
     @property
     def greedy(self) -> bool:

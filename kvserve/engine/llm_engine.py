@@ -16,6 +16,7 @@ from kvserve.batch import Runner
 from kvserve.engine.content_tracker import tracker_for
 from kvserve.engine.engine_args import EngineArgs
 from kvserve.engine.engine_stats import EngineStats
+from kvserve.engine.grammar import EngineGrammars
 from kvserve.engine.logprobs import LogprobsRecorder
 from kvserve.engine.request import Request, RequestStatus
 from kvserve.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, sampled_tokens
@@ -112,6 +113,7 @@ class LLMEngine:
         self._requests: dict[str, UserRequest] = {}
         self._admitted: set[str] = set()
         self._vocab_size = runner.vocab_size
+        self.grammars = EngineGrammars(self.tokenizer, runner.vocab_size, runner.eos_token_ids)
         self.closed = False
         """True after `shutdown()`."""
         self.kv_events = None
@@ -154,6 +156,7 @@ class LLMEngine:
                 f"logit_bias token id {outside[0]} is outside the vocabulary "
                 f"[0, {self._vocab_size})"
             )
+        grammar = self.grammars.states_for(params)  # a constraint it cannot read raises
         sequences = []
         for index in range(params.n):
             child = params
@@ -170,6 +173,7 @@ class LLMEngine:
                     cache_salt=cache_salt,
                     parent_id=request_id,
                     index=index,
+                    grammar=None if grammar is None else grammar(),
                 )
             )
         added: list[Request] = []
@@ -270,6 +274,7 @@ class LLMEngine:
                 self.kv_events.end_step()  # the tiers' last writes
             self.kv_events.close()
             self.kv_events = None
+        self.grammars.close()
         self.runner.release()
 
     def _check_open(self) -> None:
@@ -279,6 +284,8 @@ class LLMEngine:
     def _step(self) -> list[RequestOutput]:
         t0 = time.perf_counter()
         out = self.scheduler.schedule()
+        if not out.chunks:
+            self.grammars.wait(self.scheduler.waiting)  # only compiles left to wait for
         self.last_step_num_chunks = len(out.chunks)
         self.last_step_num_tokens = sum(c.num_tokens for c in out.chunks)
         tracker = self.tracker

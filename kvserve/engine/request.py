@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kvserve.engine.detokenizer import OutputText
 from kvserve.outputs import Logprob
 from kvserve.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from kvserve.structured.state import GrammarState
 
 
 class RequestStatus(enum.Enum):
@@ -59,6 +63,9 @@ class Request:
     cumulative_logprob: float = 0.0
     error: str | None = None
     """Why the engine failed it (status FINISHED_ERROR)."""
+    grammar: GrammarState | None = None
+    """Its own matcher when `params.structured_outputs` is set (kvserve.structured.state):
+    the stop checker advances it, the runner reads it."""
 
     def __post_init__(self) -> None:
         if not self.num_prompt_tokens:

@@ -75,6 +75,7 @@ class SchedulerOutput:
                 sample=c.samples,
                 params=c.request.params,
                 num_generated=c.request.num_output_tokens,
+                grammar=c.request.grammar,
             )
             for c in self.chunks
         ]
@@ -227,6 +228,9 @@ class Scheduler:
         while waiting and budget > 0 and len(running) < max_seqs:
             req = waiting[0]
             rid = req.request_id
+            if req.grammar is not None and not req.grammar.ready:
+                deferred.append(waiting.popleft())  # its grammar still compiles: others go on
+                continue
             hit = manager.get_computed_blocks(rid, 0)
             if hit.wait:
                 # It would resume from state this step writes (design.md invariant 8):

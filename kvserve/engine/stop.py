@@ -67,6 +67,9 @@ class StopChecker:
     def check(self, request: Request, token: int) -> tuple[RequestStatus | None, int | str | None]:
         """After `token` was appended to `request`: (finish status or None, stop reason).
 
+        A constrained request's grammar accepts the token first (the only place it
+        advances); a grammar that ended stops the request.
+
         The text of a stop token is left out (unless include_stop_str_in_output);
         a stop string is matched in the text this token added (and, at the end,
         in the text still pending), cut from it unless include_stop_str_in_output.
@@ -75,7 +78,12 @@ class StopChecker:
         num_out = request.num_output_tokens
         status: RequestStatus | None = None
         reason: int | str | None = None
-        if num_out >= params.min_tokens:
+        grammar = request.grammar
+        if grammar is not None:
+            grammar.accept(token)  # a token the mask forbade raises: this request fails alone
+            if grammar.terminated:  # its stop token: its text is left out as EOS's is
+                status = RequestStatus.FINISHED_STOPPED
+        if status is None and num_out >= params.min_tokens:
             if not params.ignore_eos and token in self.eos_token_ids:
                 status = RequestStatus.FINISHED_STOPPED
             elif params.stop_token_ids and token in params.stop_token_ids:

@@ -34,6 +34,7 @@ from kvserve.model.memory.kv_layout import layer_caches, layer_kv_specs
 from kvserve.model.memory.kv_memory import allocate_kv_caches, cpu_kv_cache_memory, num_blocks_for
 from kvserve.model.memory.layer_groups import GroupLayout, group_layers
 from kvserve.model.models import DecoderForCausalLM
+from kvserve.model.sampling.grammar_mask import apply_grammar
 from kvserve.model.sampling.logprobs import token_logprobs
 from kvserve.model.sampling.penalties import apply_penalties
 from kvserve.model.sampling.sampler import sample
@@ -287,13 +288,14 @@ class ModelRunner:
         self, logits: torch.Tensor, chunks: list[SeqChunk]
     ) -> tuple[list[int], list[TokenLogprobs | None] | None]:
         """One token per chunk from its float32 logits row; logprobs for the rows that ask
-        (of the raw logits, taken before penalties and bias change them)."""
+        (of the raw logits, taken before grammar masks, penalties and bias change them)."""
         params = [chunk.params for chunk in chunks]
         asked = [
             (i, n) for i, p in enumerate(params) if p is not None and (n := p.logprobs) is not None
         ]
         rows = [i for i, _ in asked]
         raw = torch.log_softmax(logits[rows], dim=-1) if rows else None
+        apply_grammar(logits, chunks)  # before penalties: they see allowed tokens only
         apply_penalties(logits, chunks)
         generators = [self._generator(chunk) for chunk in chunks]
         tokens = sample(logits, params, generators, [self._banned(chunk) for chunk in chunks])

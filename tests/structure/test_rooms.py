@@ -147,3 +147,26 @@ def test_source_files_stay_small():
 def test_test_files_stay_small():
     long = {p: n for p, n in line_counts(ROOT / "tests").items() if n > 500}
     assert not long, f"split by topic: {long}"
+
+
+@pytest.mark.parametrize(
+    "path", sorted((PACKAGE / "structured").rglob("*.py")), ids=lambda p: p.name
+)
+def test_structured_knows_only_the_sampling_params(path):
+    """The grammar room (xgrammar) reads a request's constraint and nothing else of
+    kvserve: the engine owns its states, the runner only reads them."""
+    names = {n for n in imported_modules(path) if n.startswith("kvserve")}
+    assert names <= {"kvserve.sampling_params"}, f"{path.name} imports {sorted(names)}"
+
+
+def test_plain_engines_and_the_kv_cache_load_no_grammar_backend():
+    """xgrammar (and its torch) load only with the first constrained request."""
+    code = (
+        "import sys, kvserve.kvcache, kvserve.kvcache.manager\n"
+        "early = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'xgrammar'})\n"
+        "import kvserve.engine.llm_engine, kvserve.model.runner\n"
+        "print(early, 'xgrammar' in sys.modules)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["[]", "False"]
