@@ -14,6 +14,7 @@ from tqdm import tqdm
 from kvserve.cli.common import HelpFormatter, add_kv_events_linger, add_model_option, positive
 from kvserve.cli.engine_options import add_engine_options, engine_args_from
 from kvserve.cli.prompt_ids import FLAG, HELP, read_prompt_token_ids
+from kvserve.cli.structured_options import add_structured_options, structured_from
 
 if TYPE_CHECKING:
     from kvserve.outputs import RequestOutput
@@ -69,6 +70,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--n", type=positive, default=1, help="completions per prompt")
     s.add_argument("--seed", type=int, default=None, help="per-request sampling seed")
     s.add_argument("--ignore-eos", action="store_true", help="do not stop at EOS")
+    add_structured_options(p)
     add_engine_options(p.add_argument_group("engine (kvserve.engine.engine_args.EngineArgs)"))
     o = p.add_argument_group("output")
     add_kv_events_linger(o)
@@ -102,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         max_tokens=args.max_tokens,
         ignore_eos=args.ignore_eos,
+        structured_outputs=structured_from(args),
     )
     llm = LLM(args.model, **dataclasses.asdict(engine_args_from(args)))
     print(f"Model: {llm.model.description}")
