@@ -165,3 +165,24 @@ def test_the_default_model_answers_a_json_schema():
     completion = output.outputs[0]
     assert completion.finish_reason == "stop"
     jsonschema.validate(json.loads(completion.text), SCHEMA)
+
+
+def test_min_tokens_holds_the_end_back_only_while_the_grammar_allows_more(llm):
+    longer = SamplingParams(
+        temperature=0,
+        max_tokens=40,
+        min_tokens=6,
+        structured_outputs=StructuredOutputsParams(regex="[a-c]+"),
+    )
+    (output,) = llm.generate(["Hello there"], longer, use_tqdm=False)
+    completion = output.outputs[0]
+    assert completion.finish_reason in ("stop", "length")
+    assert len(completion.token_ids) >= 6 and re.fullmatch("[a-c]+", completion.text)
+    forced = SamplingParams(
+        temperature=0,
+        max_tokens=40,
+        min_tokens=8,
+        structured_outputs=StructuredOutputsParams(choice=["yes"]),
+    )
+    (output,) = llm.generate(["Hello there"], forced, use_tqdm=False)
+    assert output.outputs[0].text == "yes" and output.outputs[0].finish_reason == "stop"

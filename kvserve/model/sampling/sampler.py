@@ -22,12 +22,17 @@ def sample(
     """One token per row of float32 `logits` [N, vocab]; None params means greedy.
 
     `banned` token ids per row are never picked: the stop tokens of a request
-    that has not yet produced its `min_tokens`. Modifies `logits` in place.
+    that has not yet produced its `min_tokens`, unless they are all a grammar's
+    mask left (then the grammar's end wins). Modifies `logits` in place.
     """
     if banned:
         for row, ids in enumerate(banned):
             if ids:
-                logits[row, list(ids)] = float("-inf")
+                cols = list(ids)
+                kept = logits[row, cols].clone()
+                logits[row, cols] = float("-inf")
+                if not torch.isfinite(logits[row]).any():  # a grammar allows only its end:
+                    logits[row, cols] = kept  # it ends the sequence, min_tokens or not
     tokens = logits.argmax(dim=-1)
     sampled = [(i, p) for i, p in enumerate(params) if p is not None and p.temperature > 0]
     rows = [i for i, _ in sampled]
