@@ -48,5 +48,7 @@ def structured_from(args: argparse.Namespace) -> StructuredOutputsParams | None:
 def _read(path: str, flag: str) -> str:
     try:
         return Path(path).read_text()
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         raise ValueError(f"{flag} {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{flag} {path}: not UTF-8 text ({exc.reason})") from None

@@ -19,14 +19,15 @@ from kvserve.batch import SeqChunk
 
 def apply_grammar(logits: torch.Tensor, chunks: Sequence[SeqChunk]) -> None:
     """Mask, in place, the rows of float32 `logits` [N, vocab] whose chunk has a grammar."""
-    rows = [i for i, c in enumerate(chunks) if c.grammar is not None]
-    if not rows:
+    grammars = [(i, c.grammar) for i, c in enumerate(chunks) if c.grammar is not None]
+    if not grammars:
         return
     import xgrammar as xgr
 
     vocab = logits.shape[-1]
     bitmask = torch.full((len(chunks), (vocab + 31) // 32), -1, dtype=torch.int32)
-    for i in rows:
-        chunks[i].grammar.fill(bitmask, i)
+    for i, grammar in grammars:
+        grammar.fill(bitmask, i)
+    rows = [i for i, _ in grammars]
     bitmask = bitmask.to(logits.device, non_blocking=True)
     xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=vocab, indices=rows)
