@@ -90,6 +90,13 @@ def test_a_prefix_hit_gives_the_same_constrained_answer(demo_model, reference):
     assert answers(first + again) == [reference[0], reference[2]]
 
 
+def test_answers_loaded_back_from_the_cpu_tier_are_the_same(demo_model, reference):
+    llm = make(demo_model, num_kv_blocks=48, max_num_seqs=2, offload="cpu:64MiB")
+    for _ in range(2):  # the second round's prompts come back from the tier
+        assert answers(llm.generate(PROMPTS, JSON, use_tqdm=False)) == reference
+    assert llm.stats()["external_hit_tokens"] > 0
+
+
 def test_a_request_whose_grammar_compiles_waits_while_others_run(demo_model, reference):
     llm = make(demo_model)
     engine = llm.engine
