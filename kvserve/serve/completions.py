@@ -28,7 +28,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from kvserve.outputs import RequestOutput
 from kvserve.sampling_params import SamplingParams
-from kvserve.serve import fields, protocol
+from kvserve.serve import fields, protocol, structured
 from kvserve.serve.engine_thread import RequestRefused, ServerStopping, Submission
 from kvserve.serve.errors import APIError, error_body
 from kvserve.serve.responses import Job, Part
@@ -111,7 +111,8 @@ async def _run(
         engine_id = job.request_id if len(prompts) == 1 else f"{job.request_id}-{i}"
         job.parts[engine_id] = Part(index=i)
         state.engine.submit(Submission(engine_id, ids, params, cache_salt), job.outputs)
-    await _first_outputs(job, state)
+    constraint = structured.structured_outputs(body)
+    await _first_outputs(job, state, None if constraint is None else constraint[1])
     if options.echo:
         await _echo_texts(job, state, prompts)
     headers = fields.header(ignored)
@@ -121,8 +122,10 @@ async def _run(
     return JSONResponse(await _collect(request, job, state), headers=headers)
 
 
-async def _first_outputs(job: Job, state: ServerState) -> None:
-    """Wait until every prompt has had its first step; a refusal aborts the rest, as a 400."""
+async def _first_outputs(job: Job, state: ServerState, constraint: str | None = None) -> None:
+    """Wait until every prompt has had its first step; a refusal aborts the rest, as a 400.
+    `constraint`: the field the request's structured output came from (what a refusal of
+    it, or a grammar that failed to compile, names)."""
     waiting = set(job.parts)
     state.queued += len(waiting)
     try:
@@ -133,12 +136,16 @@ async def _first_outputs(job: Job, state: ServerState) -> None:
                 message = str(item)
                 if len(job.parts) > 1:
                     message = f"prompt {job.parts[item.request_id].index}: {message}"
-                raise APIError(message, param=protocol.refused_field(message))
+                param = structured.engine_param(str(item), constraint)
+                raise APIError(message, param=param or protocol.refused_field(message))
             if isinstance(item, ServerStopping):
                 raise APIError(str(item), 503)
             if isinstance(item, BaseException):
                 raise APIError(str(item), 500)
             if item.error is not None:
+                failed = structured.compile_failure(item.error, constraint)
+                if failed is not None:
+                    raise failed
                 raise APIError(f"the engine failed this request: {item.error}", 500)
             waiting.discard(item.request_id)
             job.early.append(item)

@@ -84,16 +84,9 @@ def _unless_set(other: str) -> Callable[[Any, dict[str, Any]], bool]:
     return lambda value, body: value == "auto" and not body.get(other)
 
 
-_STRUCTURED = "structured output"
 _BEAM = "beam search"
 COMMON: dict[str, Unsupported] = {
-    "response_format": Unsupported(_STRUCTURED, ({"type": "text"},)),
-    "guided_json": Unsupported(_STRUCTURED),
-    "guided_regex": Unsupported(_STRUCTURED),
-    "guided_choice": Unsupported(_STRUCTURED),
-    "guided_grammar": Unsupported(_STRUCTURED),
-    "structural_tag": Unsupported(_STRUCTURED),
-    "structured_outputs": Unsupported(_STRUCTURED),
+    "structural_tag": Unsupported("structural tags"),
     "best_of": Unsupported("best_of", (1,), lambda v, body: _same(v, body.get("n") or 1)),
     "use_beam_search": Unsupported(_BEAM, (False,)),
     "length_penalty": Unsupported(_BEAM, (1.0,)),
@@ -106,7 +99,8 @@ COMMON: dict[str, Unsupported] = {
     "logits_processors": Unsupported("custom logits processors", ([],)),
     "no_stop_trim": Unsupported("no_stop_trim (a matched stop string is always cut)", (False,)),
 }
-"""Both endpoints. Served fields (ignore_eos, min_tokens, stop_token_ids, ...) are not here."""
+"""Both endpoints. Served fields (ignore_eos, min_tokens, stop_token_ids, response_format,
+structured_outputs and guided_*: structured.py, ...) are not here."""
 COMPLETION_ONLY: dict[str, Unsupported] = {
     "suffix": Unsupported("suffix (fill in the middle)", ("",)),
     "prompt_embeds": Unsupported("prompt embeddings"),

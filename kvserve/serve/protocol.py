@@ -19,6 +19,7 @@ import msgspec
 from kvserve import prompt_fields
 from kvserve.chat_template import openai_messages
 from kvserve.sampling_params import RequestOutputKind, SamplingParams
+from kvserve.serve import structured
 from kvserve.serve.errors import APIError
 
 # Fields accepted and passed on to SamplingParams (OpenAI's name -> ours).
@@ -42,7 +43,15 @@ _SAMPLING = {
     "repetition_penalty": "repetition_penalty",
     "logit_bias": "logit_bias",
 }
-_COMMON = {"model", "stream", "stream_options", "user", "cache_salt", *_SAMPLING}
+_COMMON = {
+    "model",
+    "stream",
+    "stream_options",
+    "user",
+    "cache_salt",
+    *_SAMPLING,
+    *structured.FIELDS,
+}
 # The fields served; what happens to any other is fields.py's rule.
 COMPLETION_FIELDS = frozenset({*_COMMON, "prompt", "echo", "logprobs"})
 CHAT_FIELDS = frozenset({*_COMMON, "messages", "logprobs", "top_logprobs"})
@@ -121,6 +130,9 @@ def sampling_params(
     top = _logprobs(body, chat)
     if top is not None:
         kwargs["logprobs"] = top  # SamplingParams checks the range and names the field
+    constraint = structured.structured_outputs(body)
+    if constraint is not None:
+        kwargs["structured_outputs"] = constraint[0]
     try:
         return SamplingParams(**kwargs, output_kind=RequestOutputKind.DELTA)
     except (ValueError, TypeError) as exc:

@@ -33,9 +33,18 @@ class GrammarState:
 
     @property
     def matcher(self) -> xgr.GrammarMatcher:
-        """The matcher (a compile that failed raises here: the sequence fails alone)."""
+        """The matcher. A compile that failed raises here, a ValueError whose message
+        starts `structured_outputs:` (the server answers it as a 400): the sequence
+        fails alone."""
         if self._matcher is None:
-            self._matcher = xgr.GrammarMatcher(self.future.result())
+            try:
+                compiled = self.future.result()
+            except Exception as exc:
+                reason = str(exc).strip().splitlines()[-1:] or [type(exc).__name__]
+                raise ValueError(
+                    f"structured_outputs: the grammar failed to compile: {reason[0][:300]}"
+                ) from None
+            self._matcher = xgr.GrammarMatcher(compiled)
         return self._matcher
 
     def fill(self, bitmask: Any, row: int) -> None:

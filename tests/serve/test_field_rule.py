@@ -61,7 +61,7 @@ def test_neutral_values_are_accepted(body, chat):
     [
         ({"tool_choice": "auto", "tools": [{"type": "function"}]}, True, "tool_choice"),
         ({"tool_choice": "required"}, True, "tool_choice"),
-        ({"response_format": {"type": "text", "extra": 1}}, False, "response_format"),
+        ({"structural_tag": '{"structures": []}'}, False, "structural_tag"),
         ({"best_of": 2}, False, "best_of"),
         ({"use_beam_search": 0}, False, "use_beam_search"),  # 0 is not false
         ({"spaces_between_special_tokens": 1}, False, "spaces_between_special_tokens"),

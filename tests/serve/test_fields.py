@@ -74,12 +74,12 @@ TOOL = [{"type": "function", "function": {"name": "f", "parameters": {"type": "o
     [
         ("chat/completions", "tools", TOOL),
         ("chat/completions", "tool_choice", "required"),
-        ("chat/completions", "response_format", {"type": "json_object"}),
+        ("chat/completions", "structural_tag", '{"structures": []}'),
         ("chat/completions", "add_generation_prompt", False),
         ("chat/completions", "continue_final_message", True),
         ("completions", "suffix", " the end"),
         ("completions", "best_of", 3),
-        ("completions", "guided_regex", "[a-z]+"),
+        ("completions", "allowed_token_ids", [1, 2]),
         ("completions", "prompt_logprobs", 0),
         ("completions", "use_beam_search", 0),  # not false: refused
         ("completions", "no_stop_trim", True),
