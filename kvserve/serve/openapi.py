@@ -16,6 +16,55 @@ from kvserve.sampling_params import INT64_MAX, INT64_MIN, MAX_LOGIT_BIAS, MAX_LO
 _INT64 = {"type": "integer", "minimum": INT64_MIN, "maximum": INT64_MAX}
 _TOKENS = {"type": "array", "items": {"type": "integer", "minimum": 0}}
 _STOP = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}
+_SCHEMA = {"type": "object"}
+_CHOICE = {"type": "array", "items": {"type": "string"}, "minItems": 1}
+_STRUCTURED: dict[str, Any] = {
+    # One constraint per request (structured.py); the fuzz test sends them one by one.
+    "response_format": {
+        "oneOf": [
+            {
+                "type": "object",
+                "required": ["type"],
+                "properties": {"type": {"enum": ["text", "json_object"]}},
+                "additionalProperties": False,
+            },
+            {
+                "type": "object",
+                "required": ["type", "json_schema"],
+                "properties": {
+                    "type": {"const": "json_schema"},
+                    "json_schema": {
+                        "type": "object",
+                        "required": ["name", "schema"],
+                        "properties": {
+                            "name": {"type": "string", "minLength": 1},
+                            "schema": _SCHEMA,
+                            "strict": {"type": "boolean"},
+                        },
+                    },
+                },
+                "additionalProperties": False,
+            },
+        ]
+    },
+    "structured_outputs": {
+        "type": "object",
+        "minProperties": 1,
+        "maxProperties": 1,
+        "properties": {
+            "json": _SCHEMA,
+            "json_object": {"type": "boolean"},
+            "regex": {"type": "string", "minLength": 1},
+            "choice": _CHOICE,
+            "grammar": {"type": "string", "minLength": 1},
+        },
+        "additionalProperties": False,
+    },
+    "guided_json": _SCHEMA,
+    "guided_regex": {"type": "string", "minLength": 1},
+    "guided_choice": _CHOICE,
+    "guided_grammar": {"type": "string", "minLength": 1},
+}
 _SAMPLING: dict[str, Any] = {
     "model": {"type": "string"},
     "max_tokens": {"type": "integer", "minimum": 1},
@@ -50,6 +99,7 @@ _SAMPLING: dict[str, Any] = {
     },
     "user": {"type": "string"},
     "cache_salt": {"type": "string", "minLength": 1},
+    **_STRUCTURED,
 }
 _PROMPT = {
     "oneOf": [
