@@ -73,8 +73,10 @@ def render(
     conversation: list[Message],
     chat_template: str | None = None,
     add_generation_prompt: bool = True,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> tuple[str, list[int]]:
-    """(prompt text, its token ids) of one conversation."""
+    """(prompt text, its token ids) of one conversation; `template_kwargs`: extra template
+    variables (`enable_thinking`, ...), which a template that does not read them ignores."""
     if tokenizer is None:
         raise ValueError("this checkpoint has no tokenizer, so it has no chat template")
     if chat_template is None and not getattr(tokenizer, "chat_template", None):
@@ -87,8 +89,23 @@ def render(
         chat_template=chat_template,
         add_generation_prompt=add_generation_prompt,
         tokenize=False,
+        **(template_kwargs or {}),
     )
     ids = list(tokenizer.encode(text, add_special_tokens=False))
     if not ids:
         raise ValueError("the chat template rendered an empty prompt")
     return text, ids
+
+
+def template_reads(tokenizer: Any, name: str) -> bool:
+    """Whether the checkpoint's chat template reads the variable `name` (parsed, not run)."""
+    import jinja2
+    from jinja2 import meta
+
+    template = getattr(tokenizer, "chat_template", None)
+    if not isinstance(template, str):
+        return False
+    try:
+        return name in meta.find_undeclared_variables(jinja2.Environment().parse(template))
+    except jinja2.TemplateError:
+        return False
