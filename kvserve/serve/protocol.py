@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from kvserve import prompt_fields
+from kvserve import chat_template, prompt_fields
 from kvserve.chat_template import openai_messages
 from kvserve.sampling_params import RequestOutputKind, SamplingParams
 from kvserve.serve import structured
@@ -62,26 +62,6 @@ CHAT_FIELDS = frozenset(
 DEFAULT_MAX_TOKENS = 16
 """Completions without max_tokens (OpenAI's default there). Chat without it: the rest of
 the context (max_model_len minus the prompt), as vLLM and OpenAI answer."""
-RESERVED_TEMPLATE_KWARGS = frozenset(
-    {
-        "conversation",
-        "messages",
-        "chat_template",
-        "add_generation_prompt",
-        "continue_final_message",
-        "tokenize",
-        "tools",
-        "documents",
-        "return_dict",
-        "return_tensors",
-        "return_assistant_tokens_mask",
-        "padding",
-        "truncation",
-        "max_length",
-        "tokenizer_kwargs",
-    }
-)
-"""apply_chat_template's own arguments: not template variables, refused in chat_template_kwargs."""
 MAX_BATCH_PROMPTS = 256
 MAX_JSON_DEPTH = 32
 
@@ -186,23 +166,14 @@ def with_max_tokens(params: SamplingParams, max_tokens: int) -> SamplingParams:
 
 
 def template_kwargs(body: dict[str, Any]) -> dict[str, Any]:
-    """Chat: the template's extra variables, `chat_template_kwargs` (any key is the
-    template's business but apply_chat_template's own arguments) and `reasoning_effort`."""
-    extra = body.get("chat_template_kwargs")
-    if extra is None:
-        extra = {}
-    if not isinstance(extra, dict):
-        raise APIError("chat_template_kwargs must be an object", param="chat_template_kwargs")
-    reserved = sorted(RESERVED_TEMPLATE_KWARGS & extra.keys())
-    if reserved:
-        raise APIError(
-            f"chat_template_kwargs may not set {reserved[0]!r} (not a template variable)",
-            param="chat_template_kwargs",
+    """Chat: the template's extra variables (chat_template.template_kwargs)."""
+    try:
+        return chat_template.template_kwargs(
+            body.get("chat_template_kwargs"), body.get("reasoning_effort")
         )
-    effort = body.get("reasoning_effort")
-    if effort is not None and not isinstance(effort, str):
-        raise APIError("reasoning_effort must be a string", param="reasoning_effort")
-    return {**({"reasoning_effort": effort} if effort is not None else {}), **extra}
+    except ValueError as exc:
+        param = str(exc).split(" ", 1)[0]
+        raise APIError(str(exc), param=param) from None
 
 
 def response_options(body: dict[str, Any], chat: bool = False) -> ResponseOptions:

@@ -20,6 +20,7 @@ TEMPLATE = (
     "{{ message['content'] }}<|im_end|>\n{% endfor %}"
     "{% if enable_thinking is defined and not enable_thinking %}no thinking\n{% endif %}"
     "{% if reasoning_effort is defined %}effort {{ reasoning_effort }}\n{% endif %}"
+    "{% if refuse is defined %}{{ raise_exception('refused: ' ~ refuse) }}{% endif %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 """The demo's template, reading `enable_thinking` and `reasoning_effort` as Qwen3's and
@@ -129,6 +130,25 @@ def test_chat_template_kwargs_reach_the_template(thinking: Server):
     assert prompt_tokens(unknown) == plain  # the template's business: it ignores it
     effort = chat(thinking, max_tokens=1, reasoning_effort="low")
     assert prompt_tokens(effort) > plain and HEADER not in effort.headers
+
+
+def test_a_template_that_refuses_its_variables_is_a_400(thinking: Server):
+    resp = chat(thinking, max_tokens=1, chat_template_kwargs={"refuse": "x"})
+    assert resp.status_code == 400, resp.text
+    assert "refused: x" in resp.json()["error"]["message"]
+    assert prompt_tokens(chat(thinking, max_tokens=1)) > 0  # still serving
+
+
+def test_the_router_predicts_the_prompt_the_template_kwargs_give(thinking: Server):
+    from transformers import AutoTokenizer
+
+    from kvserve.router.prompts import prompt_token_ids
+
+    tokenizer = AutoTokenizer.from_pretrained(thinking.model)
+    body = {"messages": CHAT, "chat_template_kwargs": {"enable_thinking": False}}
+    [ids] = prompt_token_ids(tokenizer, True, body) or [[]]
+    assert len(ids) == prompt_tokens(chat(thinking, max_tokens=1, **body))
+    assert prompt_token_ids(tokenizer, True, {**body, "chat_template_kwargs": [1]}) is None
 
 
 def test_reasoning_effort_is_named_ignored_when_the_template_does_not_read_it(short: Server):
