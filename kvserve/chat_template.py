@@ -68,13 +68,57 @@ def openai_messages(messages: Any) -> list[Message]:
     return out
 
 
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {
+        "conversation",
+        "messages",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "tools",
+        "documents",
+        "return_dict",
+        "return_tensors",
+        "return_assistant_tokens_mask",
+        "padding",
+        "truncation",
+        "max_length",
+        "tokenizer_kwargs",
+    }
+)
+"""apply_chat_template's own arguments: not template variables, refused in chat_template_kwargs."""
+
+
+def template_kwargs(extra: Any, reasoning_effort: Any = None) -> dict[str, Any]:
+    """A chat request's extra template variables: `chat_template_kwargs` (any key is the
+    template's business but apply_chat_template's own arguments) and `reasoning_effort`,
+    passed as a variable as vLLM passes it (`chat_template_kwargs` wins a clash).
+    A ValueError's message starts with the field at fault."""
+    if extra is None:
+        extra = {}
+    if not isinstance(extra, dict):
+        raise ValueError("chat_template_kwargs must be an object")
+    reserved = sorted(RESERVED_TEMPLATE_KWARGS & extra.keys())
+    if reserved:
+        raise ValueError(
+            f"chat_template_kwargs may not set {reserved[0]!r} (not a template variable)"
+        )
+    if reasoning_effort is not None and not isinstance(reasoning_effort, str):
+        raise ValueError("reasoning_effort must be a string")
+    effort = {} if reasoning_effort is None else {"reasoning_effort": reasoning_effort}
+    return {**effort, **extra}
+
+
 def render(
     tokenizer: Any,
     conversation: list[Message],
     chat_template: str | None = None,
     add_generation_prompt: bool = True,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> tuple[str, list[int]]:
-    """(prompt text, its token ids) of one conversation."""
+    """(prompt text, its token ids) of one conversation; `template_kwargs`: extra template
+    variables (`enable_thinking`, ...), which a template that does not read them ignores."""
     if tokenizer is None:
         raise ValueError("this checkpoint has no tokenizer, so it has no chat template")
     if chat_template is None and not getattr(tokenizer, "chat_template", None):
@@ -82,13 +126,33 @@ def render(
             "this checkpoint has no chat template: pass chat_template=... (a Jinja template), "
             "or use generate() with plain prompts"
         )
-    text = tokenizer.apply_chat_template(
-        conversation,
-        chat_template=chat_template,
-        add_generation_prompt=add_generation_prompt,
-        tokenize=False,
-    )
+    import jinja2
+
+    try:
+        text = tokenizer.apply_chat_template(
+            conversation,
+            chat_template=chat_template,
+            add_generation_prompt=add_generation_prompt,
+            tokenize=False,
+            **(template_kwargs or {}),
+        )
+    except jinja2.TemplateError as exc:  # the template refused the conversation or a variable
+        raise ValueError(f"the chat template failed: {exc}") from None
     ids = list(tokenizer.encode(text, add_special_tokens=False))
     if not ids:
         raise ValueError("the chat template rendered an empty prompt")
     return text, ids
+
+
+def template_reads(tokenizer: Any, name: str) -> bool:
+    """Whether the checkpoint's chat template reads the variable `name` (parsed, not run)."""
+    import jinja2
+    from jinja2 import meta
+
+    template = getattr(tokenizer, "chat_template", None)
+    if not isinstance(template, str):
+        return False
+    try:
+        return name in meta.find_undeclared_variables(jinja2.Environment().parse(template))
+    except jinja2.TemplateError:
+        return False

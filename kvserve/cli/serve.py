@@ -164,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
         description=llm.model.description,
         api_key=api_key,
         max_model_len=llm.engine.scheduler.config.max_model_len,
+        max_request_tokens=llm.engine.scheduler.max_request_tokens(),
         metrics=metrics,
         max_queued_requests=args.max_queued_requests,
         log_requests=args.log_requests,

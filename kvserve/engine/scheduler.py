@@ -171,6 +171,24 @@ class Scheduler:
             )
         return None
 
+    def max_request_tokens(self) -> int | None:
+        """The most tokens (prompt + max_tokens) one request can be admitted with:
+        max_model_len, or fewer when the KV pool holds fewer (None: no max_model_len)."""
+        limit = self.config.max_model_len
+        if limit is None:
+            return None
+        usable = self.manager.num_usable_blocks
+        chunk = self.config.max_num_batched_tokens
+
+        def fits(total: int) -> bool:  # the last token needs no slot (_never_fits)
+            return self.manager.blocks_for_tokens(total - 1, chunk) <= usable
+
+        lo, hi = 0, limit  # fits(lo) holds (nothing), the answer is in [lo, hi]
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+        return lo
+
     def abort_request(self, request: Request) -> None:
         """Drop a request between steps; its blocks are freed (still findable)."""
         if request.status.finished:

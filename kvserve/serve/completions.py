@@ -60,10 +60,27 @@ async def chat_completions(request: Request, state: ServerState) -> Any:
     ignored = _ignored(body, state, chat=True)
     state.check_model(body.get("model"))
     messages = protocol.chat_messages(body)
-    params = protocol.sampling_params(body, chat=True, max_n=state.max_n)
+    context = state.max_request_tokens
+    default = protocol.DEFAULT_MAX_TOKENS if context is None else context
+    params = protocol.sampling_params(body, True, state.max_n, default_max_tokens=default)
+    kwargs = protocol.template_kwargs(body)
+    if "reasoning_effort" in kwargs and not state.tokens.template_reads("reasoning_effort"):
+        ignored = [*ignored, "reasoning_effort"]  # passed on; this template has no use for it
+        state.ignored_log.note(["reasoning_effort"])
     state.check_admission()
-    ids = await state.tokens.render(messages)
-    return await _run(request, state, body, params, [ids], [ids], chat=True, ignored=ignored)
+    ids = await state.tokens.render(messages, kwargs)
+    if context is not None and not protocol.sets_max_tokens(body):
+        if len(ids) >= context:
+            raise APIError(
+                f"the prompt is {len(ids)} tokens, leaving no room to answer in "
+                f"{context} (max_model_len, or what the KV pool holds)",
+                param="messages",
+            )
+        params = protocol.with_max_tokens(params, context - len(ids))
+    echo = messages[-1]["content"] if messages[-1]["role"] == "assistant" else ""
+    return await _run(
+        request, state, body, params, [ids], [ids], chat=True, ignored=ignored, chat_echo=echo
+    )
 
 
 def _check_ids(state: ServerState, ids: list[int]) -> None:
@@ -91,8 +108,10 @@ async def _run(
     prompt_ids: list[list[int]],
     chat: bool,
     ignored: list[str],
+    chat_echo: str = "",
 ) -> Any:
-    """`prompts` as given (echo shows them), `prompt_ids` what the engine runs."""
+    """`prompts` as given (echo shows them), `prompt_ids` what the engine runs; `chat_echo`:
+    what chat's echo puts first (the last message's content when it is the assistant's)."""
     options = protocol.response_options(body, chat=chat)
     cache_salt = protocol.cache_salt(body)
     state.check_admission(len(prompts))
@@ -109,11 +128,14 @@ async def _run(
         log.info("request %s: prompts=%r params=%r", job.request_id, prompts, params)
     for i, ids in enumerate(prompt_ids):
         engine_id = job.request_id if len(prompts) == 1 else f"{job.request_id}-{i}"
-        job.parts[engine_id] = Part(index=i)
+        job.parts[engine_id] = Part(index=i, prompt_tokens=len(ids))
         state.engine.submit(Submission(engine_id, ids, params, cache_salt), job.outputs)
     constraint = structured.structured_outputs(body)
     await _first_outputs(job, state, None if constraint is None else constraint[1])
-    if options.echo:
+    if options.echo and chat:
+        for part in job.parts.values():
+            part.echo = chat_echo
+    elif options.echo:
         await _echo_texts(job, state, prompts)
     headers = fields.header(ignored)
     if options.stream:

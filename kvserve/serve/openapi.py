@@ -95,7 +95,10 @@ _SAMPLING: dict[str, Any] = {
     "stream": {"type": "boolean"},
     "stream_options": {
         "type": "object",
-        "properties": {"include_usage": {"type": "boolean"}},
+        "properties": {
+            "include_usage": {"type": "boolean"},
+            "continuous_usage_stats": {"type": "boolean"},
+        },
     },
     "user": {"type": "string"},
     "cache_salt": {"type": "string", "minLength": 1},
@@ -133,6 +136,9 @@ BODIES: dict[str, dict[str, Any]] = {
             "messages": {"type": "array", "items": _MESSAGE, "minItems": 1},
             "logprobs": {"type": "boolean"},
             "top_logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_LOGPROBS},
+            "echo": {"type": "boolean"},
+            "chat_template_kwargs": {"type": "object"},
+            "reasoning_effort": {"type": "string"},
         },
     },
     "/tokenize": {

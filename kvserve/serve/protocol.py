@@ -10,13 +10,14 @@ MAX_JSON_DEPTH containers deep; flags are JSON booleans, nothing else.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
-from kvserve import prompt_fields
+from kvserve import chat_template, prompt_fields
 from kvserve.chat_template import openai_messages
 from kvserve.sampling_params import RequestOutputKind, SamplingParams
 from kvserve.serve import structured
@@ -54,8 +55,13 @@ _COMMON = {
 }
 # The fields served; what happens to any other is fields.py's rule.
 COMPLETION_FIELDS = frozenset({*_COMMON, "prompt", "echo", "logprobs"})
-CHAT_FIELDS = frozenset({*_COMMON, "messages", "logprobs", "top_logprobs"})
+CHAT_FIELDS = frozenset(
+    {*_COMMON, "messages", "logprobs", "top_logprobs", "echo"}
+    | {"chat_template_kwargs", "reasoning_effort"}
+)
 DEFAULT_MAX_TOKENS = 16
+"""Completions without max_tokens (OpenAI's default there). Chat without it: the rest of
+the context (max_model_len minus the prompt), as vLLM and OpenAI answer."""
 MAX_BATCH_PROMPTS = 256
 MAX_JSON_DEPTH = 32
 
@@ -71,6 +77,9 @@ class ResponseOptions:
     """Completions: each choice's text starts with its prompt."""
     logprobs: int | None = None
     """How many most likely tokens to show per generated token (None: no logprobs)."""
+    continuous_usage: bool = False
+    """Streaming: usage on every chunk (`stream_options.continuous_usage_stats`, with
+    include_usage, as vLLM reads it)."""
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
@@ -113,17 +122,21 @@ def check_fields(body: dict[str, Any], allowed: frozenset[str]) -> None:
 
 
 def sampling_params(
-    body: dict[str, Any], chat: bool = False, max_n: int | None = None
+    body: dict[str, Any],
+    chat: bool = False,
+    max_n: int | None = None,
+    default_max_tokens: int = DEFAULT_MAX_TOKENS,
 ) -> SamplingParams:
     """SamplingParams from the body's sampling fields, with DELTA outputs (streaming);
-    `n` at most `max_n`."""
+    `n` at most `max_n`; `default_max_tokens` when the body sets neither max_tokens nor
+    max_completion_tokens."""
     user = body.get("user")
     if user is not None and not isinstance(user, str):
         raise APIError("user must be a string", param="user")
     n = body.get("n")
     if max_n is not None and isinstance(n, int) and not isinstance(n, bool) and n > max_n:
         raise APIError(f"n must be <= {max_n} (--max-n), got {n}"[:200], param="n")
-    kwargs: dict[str, Any] = {"max_tokens": DEFAULT_MAX_TOKENS}
+    kwargs: dict[str, Any] = {"max_tokens": default_max_tokens}
     for name, ours in _SAMPLING.items():
         if name in body and body[name] is not None:
             kwargs[ours] = body[name]
@@ -139,6 +152,30 @@ def sampling_params(
         raise APIError(str(exc), param=_field_in(str(exc), chat)) from None
 
 
+def sets_max_tokens(body: dict[str, Any]) -> bool:
+    """The body says how long the answer may be (else chat runs to the context's end)."""
+    return any(body.get(name) is not None for name in ("max_tokens", "max_completion_tokens"))
+
+
+def with_max_tokens(params: SamplingParams, max_tokens: int) -> SamplingParams:
+    """`params` with another max_tokens, checked again (min_tokens must still fit)."""
+    try:
+        return dataclasses.replace(params, max_tokens=max_tokens)
+    except ValueError as exc:
+        raise APIError(str(exc), param=_field_in(str(exc), True)) from None
+
+
+def template_kwargs(body: dict[str, Any]) -> dict[str, Any]:
+    """Chat: the template's extra variables (chat_template.template_kwargs)."""
+    try:
+        return chat_template.template_kwargs(
+            body.get("chat_template_kwargs"), body.get("reasoning_effort")
+        )
+    except ValueError as exc:
+        param = str(exc).split(" ", 1)[0]
+        raise APIError(str(exc), param=param) from None
+
+
 def response_options(body: dict[str, Any], chat: bool = False) -> ResponseOptions:
     """Streaming, usage and echo flags; usage in a last chunk only when the client asks."""
     stream = _flag(body, "stream")
@@ -146,11 +183,17 @@ def response_options(body: dict[str, Any], chat: bool = False) -> ResponseOption
     if not isinstance(options, dict):
         raise APIError("stream_options must be an object", param="stream_options")
     include = options.get("include_usage", False)
-    if not isinstance(include, bool):
-        raise APIError("include_usage must be true or false", param="stream_options")
+    continuous = options.get("continuous_usage_stats")
+    continuous = False if continuous is None else continuous
+    if not isinstance(include, bool) or not isinstance(continuous, bool):
+        raise APIError(
+            "include_usage and continuous_usage_stats must be true or false",
+            param="stream_options",
+        )
     return ResponseOptions(
         stream=stream,
         include_usage=include,
+        continuous_usage=include and continuous,
         echo=_flag(body, "echo"),
         logprobs=_logprobs(body, chat),
     )

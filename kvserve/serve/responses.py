@@ -136,7 +136,9 @@ class Job:
             "model": self.model,
             "choices": choices,
         }
-        if self.options.include_usage:
+        if self.options.continuous_usage:
+            body["usage"] = usage or self.usage()  # vLLM's continuous_usage_stats: every chunk
+        elif self.options.include_usage:
             body["usage"] = usage  # null on every chunk but the last, as OpenAI sends it
         return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 

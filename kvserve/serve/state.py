@@ -28,6 +28,9 @@ class ServerState:
     """Which checkpoint runs (kvserve.default_model.ResolvedModel.description)."""
     api_key: str | None = None
     max_model_len: int | None = None
+    max_request_tokens: int | None = None
+    """Prompt + output tokens one request can hold: max_model_len, or fewer when the KV pool
+    holds fewer (Scheduler.max_request_tokens); chat without max_tokens runs to it."""
     metrics: ServerMetrics | None = None
     max_queued_requests: int | None = None
     """Requests allowed to wait for their first step; beyond it a 503 (None: no limit)."""

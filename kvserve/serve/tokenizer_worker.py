@@ -36,6 +36,7 @@ class TokenizerWorker:
             self.vocab_size = max(len(tokenizer), max(vocab.values(), default=-1) + 1)
             longest = max((len(token) for token in vocab), default=0)
             self.chars_per_token = max(MIN_CHARS_PER_TOKEN, 2 * longest)
+        self._reads: dict[str, bool] = {}
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="kvserve-tokenizer")
 
     @property
@@ -71,16 +72,27 @@ class TokenizerWorker:
             lambda: list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
         )
 
-    async def render(self, messages: list[dict[str, Any]]) -> list[int]:
+    async def render(
+        self, messages: list[dict[str, Any]], template_kwargs: dict[str, Any] | None = None
+    ) -> list[int]:
         """A conversation's prompt ids through the checkpoint's chat template."""
         from kvserve.chat_template import render
 
         self.check_length(sum(len(m["content"]) for m in messages), "messages")
         tokenizer = self.tokenizer
         try:
-            return await self.run(lambda: render(tokenizer, messages)[1])
+            ids = await self.run(lambda: render(tokenizer, messages, None, True, template_kwargs))
+            return ids[1]
         except ValueError as exc:  # no template, or an empty rendering: say so
             raise APIError(str(exc), param="messages") from None
+
+    def template_reads(self, name: str) -> bool:
+        """Whether the chat template reads the variable `name` (each name parsed once)."""
+        from kvserve.chat_template import template_reads
+
+        if name not in self._reads:
+            self._reads[name] = template_reads(self.tokenizer, name)
+        return self._reads[name]
 
     async def decode(self, ids: list[int]) -> str:
         tokenizer = self.checked_tokenizer()

@@ -86,6 +86,21 @@ def test_never_fitting_request_is_rejected_and_others_go_on():
     assert ok.status is RequestStatus.FINISHED_LENGTH and ok.num_output_tokens == 4
 
 
+def test_max_request_tokens_is_the_longest_request_admitted():
+    assert make(max_model_len=None)[0].max_request_tokens() is None
+    for blocks, limit in ((64, 40), (9, 40), (9, 200)):
+        sched, _ = make(num_blocks=blocks, max_model_len=limit)
+        most = sched.max_request_tokens()
+        assert most is not None and 0 < most <= limit
+        prompt = list(range(1, 6))
+        fits = Request("fits", prompt, params=SamplingParams(max_tokens=most - len(prompt)))
+        sched.add_request(fits)  # admitted
+        over = Request("over", prompt, params=SamplingParams(max_tokens=most - len(prompt) + 1))
+        with pytest.raises(ValueError):
+            sched.add_request(over)
+    assert make(num_blocks=64, max_model_len=40)[0].max_request_tokens() == 40
+
+
 def test_preemption_of_newest_and_recompute_gives_same_tokens():
     prompts = [[7, i, 3, 9, 11, 2, 5, i, 1, 8] for i in range(1, 6)]
 

@@ -28,6 +28,8 @@ def test_served_fields_are_neither_ignored_nor_in_the_tables():
         assert not served & fields.UNSUPPORTED[chat].keys()
     body = {"prompt": "x", "ignore_eos": True, "min_tokens": 3, "stop_token_ids": [2]}
     assert ignored(body) == []
+    chat = {"chat_template_kwargs": {"enable_thinking": False}, "reasoning_effort": "low"}
+    assert ignored({**chat, "echo": True}, chat=True) == []  # served in chat since issue 30
 
 
 def test_unknown_names_are_ignored_in_body_order():
