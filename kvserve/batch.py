@@ -10,8 +10,7 @@ chunks whose request asked for them.
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -19,8 +18,6 @@ from typing import Any, Protocol
 from kvserve.kvcache.plan import StepPlan
 from kvserve.kvcache.specs import KVCacheSpec
 from kvserve.sampling_params import SamplingParams
-
-log = logging.getLogger("kvserve.engine")
 
 
 class GrammarRow(Protocol):
@@ -90,31 +87,6 @@ class StepOutput:
     errors: dict[int, str] | None = None
     """Chunk index -> why its row failed (its token is None): the engine fails that
     request alone and the step's other tokens stand. None when every row sampled."""
-
-
-RowResult = tuple[list[int], list[TokenLogprobs | None] | None]
-
-
-def each_row(
-    num_rows: int, run_row: Callable[[int], RowResult]
-) -> tuple[list[int | None], list[TokenLogprobs | None] | None, dict[int, str]]:
-    """A step's sampling redone row by row after the batched pass failed: a row whose
-    own work raises gets None and its error (row -> message); the others their tokens."""
-    tokens: list[int | None] = []
-    logprobs: list[TokenLogprobs | None] = []
-    failed: dict[int, str] = {}
-    for row in range(num_rows):
-        token: int | None
-        try:
-            found, found_logprobs = run_row(row)
-            token = found[0]
-        except Exception as exc:
-            log.exception("sampling row %d failed: only its request fails", row)
-            failed[row] = f"{type(exc).__name__}: {exc}"[:500]
-            token, found_logprobs = None, None
-        tokens.append(token)
-        logprobs.append(found_logprobs[0] if found_logprobs else None)
-    return tokens, (logprobs if any(lp is not None for lp in logprobs) else None), failed
 
 
 class Runner(Protocol):

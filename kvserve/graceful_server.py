@@ -9,7 +9,8 @@ watches to skip its wait. `kvserve serve` and `kvserve route` share it.
 It also quiets one ordinary event: a client that leaves while sending its body
 makes the handler's body read raise ClientDisconnect, which uvicorn would log
 as an ERROR with a full traceback (500 slow sockets: ~10,000 lines). Here it is
-one line, at most one every `DISCONNECT_LOG_SECONDS`, counting the others.
+one line, at most one every `DISCONNECT_LOG_SECONDS`, counting the others
+(`LogEvery`, which the server uses for its own client-caused events too).
 """
 
 from __future__ import annotations
@@ -66,26 +67,37 @@ class GracefulServer(uvicorn.Server):
         raise NotImplementedError
 
 
+class LogEvery:
+    """One line (not a traceback) per `seconds` for an event clients cause at will,
+    with how many there were so far (serve and route share it)."""
+
+    def __init__(
+        self, what: str, logger: logging.Logger = log, seconds: float = DISCONNECT_LOG_SECONDS
+    ) -> None:
+        self.what = what
+        self.logger = logger
+        self.seconds = seconds
+        self.count = 0
+        self._last = float("-inf")
+
+    def note(self) -> None:
+        self.count += 1
+        now = time.monotonic()
+        if now - self._last >= self.seconds:
+            self._last = now
+            self.logger.info("%s (%d so far)", self.what, self.count)
+
+
 class QuietDisconnects:
     """ASGI wrapper: ClientDisconnect out of the app is one rate-limited line, not a traceback
     (there is no one left to answer)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
-        self._last = -DISCONNECT_LOG_SECONDS
-        self._unlogged = 0
+        self.disconnects = LogEvery("a client left while sending its request")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await self.app(scope, receive, send)
         except ClientDisconnect:
-            self._note(scope)
-
-    def _note(self, scope: Scope) -> None:
-        now = time.monotonic()
-        if now - self._last < DISCONNECT_LOG_SECONDS:
-            self._unlogged += 1
-            return
-        more = f" ({self._unlogged} more since the last line)" if self._unlogged else ""
-        log.info("a client left while sending its request to %s%s", scope.get("path"), more)
-        self._last, self._unlogged = now, 0
+            self.disconnects.note()

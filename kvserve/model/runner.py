@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from kvserve.batch import SeqChunk, StepOutput, TokenLogprobs, each_row
+from kvserve.batch import SeqChunk, StepOutput, TokenLogprobs
 from kvserve.kvcache.plan import CopyOp
 from kvserve.kvcache.specs import (
     KVCacheSpec,
@@ -37,6 +37,7 @@ from kvserve.model.models import DecoderForCausalLM
 from kvserve.model.sampling.grammar_mask import apply_grammar
 from kvserve.model.sampling.logprobs import token_logprobs
 from kvserve.model.sampling.penalties import apply_penalties
+from kvserve.model.sampling.rows import each_row
 from kvserve.model.sampling.sampler import sample
 from kvserve.model.threads import default_num_threads
 

@@ -22,14 +22,16 @@ import logging
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from kvserve.serve.errors import LogEvery
+from kvserve.graceful_server import LogEvery
 
 log = logging.getLogger("kvserve.serve")
 
 
 def timed_h11(header_timeout: float, send_timeout: float) -> type[H11Protocol]:
     """uvicorn's h11 protocol with the header and send timers (`uvicorn.Config(http=...)`)."""
-    dropped = LogEvery(f"dropped a client that read nothing for {send_timeout:g}s (--send-timeout)")
+    dropped = LogEvery(
+        f"dropped a client that read nothing for {send_timeout:g}s (--send-timeout)", log
+    )
 
     class TimedH11Protocol(H11Protocol):
         _header_timer: asyncio.TimerHandle | None = None

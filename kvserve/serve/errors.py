@@ -10,7 +10,6 @@ is at most MAX_MESSAGE characters: it may quote the client's input.
 from __future__ import annotations
 
 import logging
-import time
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -18,10 +17,10 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from kvserve.graceful_server import LogEvery
+
 log = logging.getLogger("kvserve.serve")
 MAX_MESSAGE = 1000
-DISCONNECT_LOG_SECONDS = 10.0
-"""A client that leaves while sending its body: one log line per this many seconds."""
 
 _TYPES = {
     400: "invalid_request_error",
@@ -69,26 +68,8 @@ def error_response(exc: APIError) -> JSONResponse:
     return JSONResponse(body, exc.status, headers=exc.headers)
 
 
-class LogEvery:
-    """One line (not a traceback) per `seconds` for an event clients cause at will,
-    with how many there were so far."""
-
-    def __init__(self, what: str, seconds: float = DISCONNECT_LOG_SECONDS) -> None:
-        self.what = what
-        self.seconds = seconds
-        self.count = 0
-        self._last = float("-inf")
-
-    def note(self) -> None:
-        self.count += 1
-        now = time.monotonic()
-        if now - self._last >= self.seconds:
-            self._last = now
-            log.info("%s (%d so far)", self.what, self.count)
-
-
 def install_error_handlers(app: FastAPI) -> None:
-    disconnects = LogEvery("a client left while sending its request")
+    disconnects = LogEvery("a client left while sending its request", log)
 
     async def api_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, APIError)

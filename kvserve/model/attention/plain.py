@@ -105,12 +105,6 @@ def paged_attention(
     return out.flatten(1)
 
 
-def _capped(scores: torch.Tensor, softcap: float | None) -> torch.Tensor:
-    if softcap is None:
-        return scores
-    return torch.tanh(scores / softcap) * softcap
-
-
 def _capped_attention(
     query: torch.Tensor,
     keys: torch.Tensor,
@@ -120,7 +114,8 @@ def _capped_attention(
     softcap: float,
 ) -> torch.Tensor:
     """softmax(cap(q k^T * scale) masked) v, the softmax in float32 (transformers' eager path)."""
-    scores = _capped(torch.matmul(query, keys.transpose(-1, -2)) * scale, softcap)
+    scores = torch.matmul(query, keys.transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / softcap) * softcap
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     probs = scores.softmax(dim=-1, dtype=torch.float32).to(query.dtype)
