@@ -4,14 +4,22 @@ clients beside it (issue 26). Not a test: it prints a table.
     .venv/bin/python benchmarks/soak.py --minutes 1
 
 Phases, each `--minutes` long, on one server: a warm-up (the whole mix, at
-most 30 s, discarded), the baseline (valid clients only), then hostile (the same valid clients, plus
-clients cycling through invalid bodies, streams left mid-way, bodies sent a
-byte at a time, streams never read, prompts too long to fit). Valid clients
-are closed loops of greedy streamed completions. For each phase the table
-gives requests, lost valid requests (any non-200 or broken stream), errors by
-kind, p50 / p99 latency of valid requests, and the server's RSS at the start
-and end. Targets: hostile p99 within 1.2x the baseline's, RSS growth under 5 %
-after warm-up, 0 lost valid requests.
+most 30 s, discarded), the baseline (valid clients only), hostile (the same
+valid clients, plus clients cycling through invalid bodies, streams left
+mid-way, bodies sent in pieces, streams never read, prompts too long to fit),
+then "same work" (the same valid clients, plus a replay of every request the
+hostile phase made the engine run, at the same moments, each closed after the
+same time, by a well-behaved client). Valid clients are closed loops of greedy
+streamed completions in this process; the hostile and replaying clients run in
+a process of their own with their bodies encoded once, so their client-side
+work never stalls the valid clients' event loop (on a real network they are
+other machines). For each phase the table gives requests, lost valid requests
+(any non-200 or broken stream), p50 / p99 latency of valid requests, and the
+server's RSS at the start and end; then errors by kind. Targets: hostile p99
+within 1.2x the baseline's, RSS growth under 5 % after warm-up, 0 lost valid
+requests. The hostile clients' streams are valid requests the engine runs
+until their clients go; "same work" is that load without the hostility, so
+hostile / same work is what the hostility itself costs the others.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import os
 import platform
 import random
@@ -28,6 +37,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 import httpx
@@ -43,6 +53,11 @@ INVALID = [
 ]
 
 
+Replay = tuple[float, bytes, float]
+"""A request the engine ran for a hostile client: (seconds into the phase, body, seconds the
+client held it before going)."""
+
+
 @dataclass
 class Phase:
     name: str
@@ -52,6 +67,7 @@ class Phase:
     kinds: Counter[str] = field(default_factory=Counter)
     rss_start: int = 0
     rss_end: int = 0
+    replay: list[Replay] = field(default_factory=list)
 
 
 def rss(pid: int) -> int:
@@ -91,18 +107,21 @@ async def valid_client(client: httpx.AsyncClient, phase: Phase, stop: float, see
             phase.lost += 1
 
 
-async def raw(port: int, head: bytes, body: bytes, trickle: float = 0.0) -> None:
+async def raw(
+    port: int, head: bytes, body: bytes, trickle: float = 0.0
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(head)
     if trickle:
-        for i in range(0, len(body), max(1, len(body) // 8)):
-            writer.write(body[i : i + max(1, len(body) // 8)])
+        step = max(1, len(body) // 8)
+        for i in range(0, len(body), step):
+            writer.write(body[i : i + step])
             await writer.drain()
             await asyncio.sleep(trickle)
     else:
         writer.write(body)
     await writer.drain()
-    return reader, writer  # type: ignore[return-value]
+    return reader, writer
 
 
 def request_head(body: bytes) -> bytes:
@@ -112,58 +131,146 @@ def request_head(body: bytes) -> bytes:
     )
 
 
+def encoded(body: dict) -> bytes:
+    return json.dumps(body).encode()
+
+
+INVALID_BODIES = [encoded(b) for b in INVALID]
+TOO_LONG = encoded({"prompt": "a " * 2_000_000})
+DISCONNECT = encoded({"prompt": "x", "max_tokens": 200, "ignore_eos": True, "stream": True})
+SLOW_BODY = encoded({"prompt": "slow", "max_tokens": 4})
+NEVER_READS = encoded({"prompt": "x", "max_tokens": 300, "ignore_eos": True, "stream": True})
+HALF_BODY = encoded({"prompt": "x" * 1000})
+JSON_HEADERS = {"content-type": "application/json"}
+
+
 async def hostile_client(
-    client: httpx.AsyncClient, port: int, phase: Phase, stop: float, seed: int
+    client: httpx.AsyncClient,
+    port: int,
+    kinds_seen: Counter[str],
+    replay: list[Replay],
+    start: float,
+    stop: float,
+    seed: int,
 ) -> None:
     rng = random.Random(seed)
     kinds = ["invalid", "disconnect", "slow-body", "never-reads", "too-long", "half-body"]
     while time.monotonic() < stop:
         kind = rng.choice(kinds)
-        phase.kinds[kind] += 1
+        kinds_seen[kind] += 1
+        began = time.monotonic()
         try:
             if kind == "invalid":
-                resp = await client.post("/v1/completions", json=rng.choice(INVALID))
-                phase.kinds[f"invalid->{resp.status_code}"] += 1
+                body = rng.choice(INVALID_BODIES)
+                resp = await client.post("/v1/completions", content=body, headers=JSON_HEADERS)
+                kinds_seen[f"invalid->{resp.status_code}"] += 1
+                if resp.status_code == 200:  # served: the engine ran it
+                    replay.append((began - start, body, time.monotonic() - began))
             elif kind == "too-long":
-                resp = await client.post("/v1/completions", json={"prompt": "a " * 2_000_000})
-                phase.kinds[f"too-long->{resp.status_code}"] += 1
+                resp = await client.post("/v1/completions", content=TOO_LONG, headers=JSON_HEADERS)
+                kinds_seen[f"too-long->{resp.status_code}"] += 1
             elif kind == "disconnect":
-                body = {"prompt": "x", "max_tokens": 200, "ignore_eos": True, "stream": True}
-                async with client.stream("POST", "/v1/completions", json=body) as resp:
-                    async for _ in resp.aiter_lines():
-                        break
+                req = client.build_request(
+                    "POST", "/v1/completions", content=DISCONNECT, headers=JSON_HEADERS
+                )
+                resp = await client.send(req, stream=True)
+                async for _ in resp.aiter_lines():
+                    break
+                await resp.aclose()
+                replay.append((began - start, DISCONNECT, time.monotonic() - began))
             elif kind == "slow-body":
-                body = json.dumps({"prompt": "slow", "max_tokens": 4}).encode()
-                reader, writer = await raw(port, request_head(body), body, trickle=0.2)
+                reader, writer = await raw(port, request_head(SLOW_BODY), SLOW_BODY, trickle=0.2)
                 line = await reader.readline()
-                phase.kinds[f"slow-body->{line.split()[1].decode() if line else 'closed'}"] += 1
+                kinds_seen[f"slow-body->{line.split()[1].decode() if line else 'closed'}"] += 1
                 writer.close()
+                replay.append((began - start, SLOW_BODY, time.monotonic() - began))
             elif kind == "never-reads":
-                body = json.dumps(
-                    {"prompt": "x", "max_tokens": 300, "ignore_eos": True, "stream": True}
-                ).encode()
-                _, writer = await raw(port, request_head(body), body)
+                _, writer = await raw(port, request_head(NEVER_READS), NEVER_READS)
                 await asyncio.sleep(2.0)
                 writer.close()
+                replay.append((began - start, NEVER_READS, time.monotonic() - began))
             else:  # half a body, then gone
-                body = json.dumps({"prompt": "x" * 1000}).encode()
-                _, writer = await raw(port, request_head(body), body[:100])
+                _, writer = await raw(port, request_head(HALF_BODY), HALF_BODY[:100])
                 writer.close()
         except (httpx.HTTPError, OSError, IndexError):
-            phase.kinds[f"{kind}->client error"] += 1
+            kinds_seen[f"{kind}->client error"] += 1
+
+
+async def replayed_request(client: httpx.AsyncClient, start: float, item: Replay) -> None:
+    """The engine work of one hostile request, asked for by a client that reads what it gets
+    and closes its stream after the same time (as a user who cancels does)."""
+    offset, body, held = item
+    await asyncio.sleep(max(0.0, start + offset - time.monotonic()))
+    try:
+        async with asyncio.timeout(held):
+            req = client.build_request(
+                "POST", "/v1/completions", content=body, headers=JSON_HEADERS
+            )
+            resp = await client.send(req, stream=True)
+            try:
+                async for _ in resp.aiter_raw():
+                    pass
+            finally:
+                await resp.aclose()
+    except (TimeoutError, httpx.HTTPError):
+        pass
+
+
+async def side_clients(
+    port: int, seconds: float, hostile: int, schedule: list[Replay] | None
+) -> tuple[Counter[str], list[Replay]]:
+    start = time.monotonic()
+    limits = httpx.Limits(max_connections=500, max_keepalive_connections=50)
+    kinds: Counter[str] = Counter()
+    replay: list[Replay] = []
+    async with httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{port}", timeout=60, limits=limits
+    ) as client:
+        if schedule is None:
+            stop = start + seconds
+            await asyncio.gather(
+                *(
+                    hostile_client(client, port, kinds, replay, start, stop, 1000 + i)
+                    for i in range(hostile)
+                )
+            )
+        else:
+            await asyncio.gather(*(replayed_request(client, start, item) for item in schedule))
+    return kinds, replay
+
+
+def side_process(
+    port: int, seconds: float, hostile: int, schedule: list[Replay] | None
+) -> tuple[Counter[str], list[Replay]]:
+    """Entry point of the side process: the hostile clients, or the replay of their work."""
+    return asyncio.run(side_clients(port, seconds, hostile, schedule))
 
 
 async def run_phase(
-    phase: Phase, port: int, pid: int, seconds: float, valid: int, hostile: int
+    phase: Phase,
+    port: int,
+    pid: int,
+    seconds: float,
+    valid: int,
+    side: ProcessPoolExecutor,
+    hostile: int = 0,
+    schedule: list[Replay] | None = None,
 ) -> None:
+    """`valid` closed-loop clients here, and in the side process either `hostile` hostile
+    clients (their engine work recorded in `phase.replay`) or the replay of `schedule`."""
     phase.rss_start = rss(pid)
     stop = time.monotonic() + seconds
     limits = httpx.Limits(max_connections=500, max_keepalive_connections=50)
     url = f"http://127.0.0.1:{port}"
+    loop = asyncio.get_running_loop()
+    others = None
+    if hostile or schedule:
+        others = loop.run_in_executor(side, side_process, port, seconds, hostile, schedule)
     async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
-        tasks = [valid_client(client, phase, stop, i) for i in range(valid)]
-        tasks += [hostile_client(client, port, phase, stop, 1000 + i) for i in range(hostile)]
-        await asyncio.gather(*tasks)
+        await asyncio.gather(*(valid_client(client, phase, stop, i) for i in range(valid)))
+    if others is not None:
+        kinds, phase.replay = await others
+        phase.kinds.update(kinds)
     await asyncio.sleep(1.0)
     phase.rss_end = rss(pid)
 
@@ -228,20 +335,22 @@ def main() -> None:
     port = free_port()
     proc = start(port, args.threads, args.num_kv_blocks)
     seconds = args.minutes * 60
+    valid, hostile_n = args.valid_clients, args.hostile_clients
+    side = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
     try:
         fill_pool(port, args.num_kv_blocks)
         warm = Phase("warm-up")  # the full mix: the allocator reaches its working size
         warm_seconds = min(30.0, seconds)
-        mix = (args.valid_clients, args.hostile_clients)
-        asyncio.run(run_phase(warm, port, proc.pid, warm_seconds, *mix))
+        asyncio.run(run_phase(warm, port, proc.pid, warm_seconds, valid, side, hostile_n))
         base = Phase("baseline")
-        asyncio.run(run_phase(base, port, proc.pid, seconds, args.valid_clients, 0))
+        asyncio.run(run_phase(base, port, proc.pid, seconds, valid, side))
         hostile = Phase("hostile")
-        asyncio.run(
-            run_phase(hostile, port, proc.pid, seconds, args.valid_clients, args.hostile_clients)
-        )
+        asyncio.run(run_phase(hostile, port, proc.pid, seconds, valid, side, hostile_n))
+        same = Phase("same work")
+        asyncio.run(run_phase(same, port, proc.pid, seconds, valid, side, schedule=hostile.replay))
         alive = proc.poll() is None
     finally:
+        side.shutdown()
         proc.terminate()
         proc.wait(30)
     load = os.getloadavg()
@@ -255,7 +364,7 @@ def main() -> None:
         f"{'phase':10} {'valid req':>9} {'lost':>5} {'p50 s':>7} {'p99 s':>7} "
         f"{'RSS start MB':>12} {'RSS end MB':>10}"
     )
-    for ph in (base, hostile):
+    for ph in (base, hostile, same):
         print(
             f"{ph.name:10} {ph.requests:9d} {ph.lost:5d} {pct(ph.latencies, 50):7.3f} "
             f"{pct(ph.latencies, 99):7.3f} {ph.rss_start / 2**20:12.1f} {ph.rss_end / 2**20:10.1f}"
@@ -263,12 +372,15 @@ def main() -> None:
     print("hostile requests by kind (-> the status they got):")
     for kind, n in sorted(hostile.kinds.items()):
         print(f"  {kind:28} {n:6d}")
-    ratio = pct(hostile.latencies, 99) / pct(base.latencies, 99)
-    growth = hostile.rss_end / base.rss_start - 1
+    p99 = {ph.name: pct(ph.latencies, 99) for ph in (base, hostile, same)}
+    growth = max(hostile.rss_end, same.rss_end) / base.rss_start - 1
     print(
-        f"p99 hostile / baseline: {ratio:.2f} (target <= 1.2); RSS growth after warm-up: "
-        f"{growth * 100:+.1f} % (target < 5 %); lost valid: {base.lost + hostile.lost} "
-        f"(target 0); server alive at the end: {alive}"
+        f"engine work replayed in 'same work': {len(hostile.replay)} requests\n"
+        f"p99 hostile / baseline: {p99['hostile'] / p99['baseline']:.2f} (target <= 1.2); "
+        f"p99 hostile / same work: {p99['hostile'] / p99['same work']:.2f}; "
+        f"same work / baseline: {p99['same work'] / p99['baseline']:.2f}\n"
+        f"RSS growth after warm-up: {growth * 100:+.1f} % (target < 5 %); lost valid: "
+        f"{base.lost + hostile.lost + same.lost} (target 0); server alive at the end: {alive}"
     )
 
 
