@@ -7,7 +7,7 @@ checkpoints so weights load by name without a mapping table.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -101,10 +101,11 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, config: ModelConfig, options: DecoderOptions) -> None:
+    def __init__(self, config: ModelConfig, layer: Callable[[int], nn.Module]) -> None:
+        """`layer(index)` builds each decoder layer (`DecoderForCausalLM.decoder_layer`)."""
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, options) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(layer(i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
@@ -119,7 +120,8 @@ class DecoderForCausalLM(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        self.model = DecoderModel(config, self.options(config))
+        options = self.options(config)
+        self.model = DecoderModel(config, lambda i: self.decoder_layer(config, options, i))
         self.lm_head = (
             None
             if config.tie_word_embeddings
@@ -130,6 +132,10 @@ class DecoderForCausalLM(nn.Module):
     @staticmethod
     def options(config: ModelConfig) -> DecoderOptions:
         raise NotImplementedError
+
+    def decoder_layer(self, config: ModelConfig, options: DecoderOptions, index: int) -> nn.Module:
+        """Layer `index` (a mixture-of-experts model puts its sparse blocks in some)."""
+        return DecoderLayer(config, options)
 
     def init_rotary(self, device: torch.device) -> None:
         self.rotary = RotaryEmbedding(self.config.rope, self.config.head_dim, device)

@@ -1,0 +1,109 @@
+"""The sparse feed-forward block of mixture-of-experts decoders: a router and its experts.
+
+The router is transformers' arithmetic step for step (softmax in float32 over
+the router logits, `torch.topk`, optionally the top-k renormalised), so its
+choices, ties included (topk's order), are the reference's. The experts run
+grouped: the step's token-to-expert assignments are sorted by expert (a
+stable sort, so tokens keep their order), and each expert that got tokens
+runs once on all of them, its weighted output added back with `index_add_`;
+an expert without tokens costs nothing, and there is no loop over tokens.
+Outputs are added expert by expert in ascending order, as transformers adds
+them, so float32 sums are the reference's.
+
+Each expert is a module of its own (a gated MLP whose gate and up projections
+the loader fuses), so the quantization modes pack expert weights exactly as
+they pack a dense MLP's (kvserve.model.quant). The router's weight is a plain
+parameter, not a linear layer: it stays in the engine's dtype (a quantized
+router would change which experts run).
+
+Written by hand: torch has no grouped expert dispatch on the CPU, and the
+libraries that have one (vLLM's fused MoE, megablocks) run on GPUs only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from kvserve.model.checkpoint.moe_config import MoeConfig
+
+
+class TopKRouter(nn.Module):
+    """Router logits -> (the top-k weights [T, k], their expert ids [T, k])."""
+
+    def __init__(self, hidden: int, moe: MoeConfig) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(moe.num_experts, hidden))
+        self.top_k = moe.top_k
+        self.norm_topk_prob = moe.norm_topk_prob
+        self.weights_in_float = moe.weights_in_float
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = nn.functional.linear(x, self.weight)
+        probs = nn.functional.softmax(logits, dim=-1, dtype=torch.float32)
+        weights, experts = torch.topk(probs, self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            weights /= weights.sum(dim=-1, keepdim=True)
+        if not self.weights_in_float:
+            weights = weights.to(logits.dtype)
+        return weights, experts
+
+
+class MixtralExpert(nn.Module):
+    """Mixtral's expert: w2(silu(w1(x)) * w3(x)), under its checkpoint's names."""
+
+    FUSED_PROJECTIONS: ClassVar[dict[str, tuple[str, ...]]] = {"gate_up_proj": ("w1", "w3")}
+    gate_up_proj: nn.Module  # set by the fusion
+
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(hidden, intermediate, bias=False)
+        self.w3 = nn.Linear(hidden, intermediate, bias=False)
+        self.w2 = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.w2(nn.functional.silu(gate) * up)
+
+
+class SparseMoeBlock(nn.Module):
+    """`gate` (the router) and `experts`, under the checkpoints' names."""
+
+    def __init__(
+        self, hidden: int, moe: MoeConfig, expert: Callable[[int, int], nn.Module]
+    ) -> None:
+        super().__init__()
+        self.gate = TopKRouter(hidden, moe)
+        self.experts = nn.ModuleList(
+            expert(hidden, moe.expert_intermediate_size) for _ in range(moe.num_experts)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, experts = self.gate(x)
+        return run_experts(self.experts, x, weights, experts)
+
+
+def run_experts(
+    experts: nn.ModuleList, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor
+) -> torch.Tensor:
+    """sum_j weights[t, j] * experts[chosen[t, j]](x[t]) for every token t, grouped by expert."""
+    top_k = chosen.shape[-1]
+    flat = chosen.flatten()
+    order = torch.argsort(flat, stable=True)  # assignments grouped by expert, tokens in order
+    counts = torch.bincount(flat, minlength=len(experts)).tolist()  # the step's one sync
+    tokens = order // top_k
+    slot_weights = weights.flatten()[order, None]
+    out = torch.zeros_like(x)
+    start = 0
+    for expert_id, count in enumerate(counts):
+        if not count:
+            continue
+        end = start + count
+        rows = tokens[start:end]
+        y = experts[expert_id](x[rows]) * slot_weights[start:end]
+        out.index_add_(0, rows, y.to(out.dtype))
+        start = end
+    return out
