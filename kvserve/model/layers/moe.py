@@ -5,10 +5,10 @@ the router logits, `torch.topk`, optionally the top-k renormalised), so its
 choices, ties included (topk's order), are the reference's. The experts run
 grouped: the step's token-to-expert assignments are sorted by expert (a
 stable sort, so tokens keep their order), and each expert that got tokens
-runs once on all of them, its weighted output added back with `index_add_`;
-an expert without tokens costs nothing, and there is no loop over tokens.
-Outputs are added expert by expert in ascending order, as transformers adds
-them, so float32 sums are the reference's.
+runs once on all of them; an expert without tokens costs nothing, and there
+is no loop over tokens. Each token's outputs are added expert by expert in
+ascending order, as transformers adds them, so float32 sums are the
+reference's.
 
 Each expert is a module of its own (a gated MLP whose gate and up projections
 the loader fuses), so the quantization modes pack expert weights exactly as
@@ -89,21 +89,31 @@ class SparseMoeBlock(nn.Module):
 def run_experts(
     experts: nn.ModuleList, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor
 ) -> torch.Tensor:
-    """sum_j weights[t, j] * experts[chosen[t, j]](x[t]) for every token t, grouped by expert."""
-    top_k = chosen.shape[-1]
+    """sum_j weights[t, j] * experts[chosen[t, j]](x[t]) for every token t, grouped by expert.
+
+    Each token's choices are put in ascending expert order first, and its weighted
+    outputs are added in that order (transformers adds them expert by expert, from
+    zero): the same float sums. The outputs come back to (token, choice) order with one
+    indexed copy, and k additions combine them: no scatter-add, which costs more on the
+    CPU than a small expert's matmuls.
+    """
+    tokens, top_k = chosen.shape
+    chosen, slots = chosen.sort(dim=-1)
+    weights = weights.gather(-1, slots)
     flat = chosen.flatten()
     order = torch.argsort(flat, stable=True)  # assignments grouped by expert, tokens in order
     counts = torch.bincount(flat, minlength=len(experts)).tolist()  # the step's one sync
-    tokens = order // top_k
-    slot_weights = weights.flatten()[order, None]
-    out = torch.zeros_like(x)
+    inputs = x[order // top_k]
+    outputs = []
     start = 0
     for expert_id, count in enumerate(counts):
-        if not count:
-            continue
-        end = start + count
-        rows = tokens[start:end]
-        y = experts[expert_id](x[rows]) * slot_weights[start:end]
-        out.index_add_(0, rows, y.to(out.dtype))
-        start = end
+        if count:
+            outputs.append(experts[expert_id](inputs[start : start + count]))
+            start += count
+    by_choice = torch.empty((tokens * top_k, x.shape[-1]), dtype=outputs[0].dtype, device=x.device)
+    by_choice[order] = torch.cat(outputs)
+    weighted = (by_choice.view(tokens, top_k, -1) * weights[..., None]).to(x.dtype)
+    out = weighted[:, 0]
+    for choice in range(1, top_k):
+        out = out + weighted[:, choice]
     return out
