@@ -97,7 +97,11 @@ class DecoderLayer(nn.Module):
     ) -> torch.Tensor:
         """The residual stream `x` is updated in place: the model's forward owns it."""
         x.add_(self.self_attn(self.input_layernorm(x), cos_sin, kv_cache, meta))
-        return x.add_(self.mlp(self.post_attention_layernorm(x)))
+        return x.add_(self.feed_forward(self.post_attention_layernorm(x)))
+
+    def feed_forward(self, h: torch.Tensor) -> torch.Tensor:
+        """The MLP (a mixture-of-experts layer runs its sparse block instead)."""
+        return self.mlp(h)
 
 
 class DecoderModel(nn.Module):

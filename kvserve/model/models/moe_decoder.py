@@ -15,7 +15,6 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from kvserve.model.attention.attention_metadata import AttentionMetadata
 from kvserve.model.checkpoint.config import ModelConfig
 from kvserve.model.checkpoint.moe_config import MoeConfig, moe_config
 from kvserve.model.layers.common import GatedMLP
@@ -34,30 +33,24 @@ def gated_expert(hidden: int, intermediate: int) -> nn.Module:
 
 
 class MoeDecoderLayer(DecoderLayer):
-    """A decoder layer whose feed-forward is the module named `block_name`."""
+    """A decoder layer whose feed-forward is the module named `block_name` (the sparse block,
+    or in Qwen3-MoE's `mlp_only_layers` a dense MLP)."""
 
     def __init__(
         self,
         config: ModelConfig,
         options: DecoderOptions,
-        feed_forward: nn.Module,
+        block: nn.Module,
         block_name: str,
     ) -> None:
         super().__init__(config, options)
         del self.mlp
         self.block_name = block_name
-        setattr(self, block_name, feed_forward)
+        setattr(self, block_name, block)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos_sin: tuple[torch.Tensor, torch.Tensor],
-        kv_cache: tuple[torch.Tensor, torch.Tensor],
-        meta: AttentionMetadata,
-    ) -> torch.Tensor:
-        feed_forward = getattr(self, self.block_name)
-        x.add_(self.self_attn(self.input_layernorm(x), cos_sin, kv_cache, meta))
-        return x.add_(feed_forward(self.post_attention_layernorm(x)))
+    def feed_forward(self, h: torch.Tensor) -> torch.Tensor:
+        block: nn.Module = getattr(self, self.block_name)
+        return block(h)
 
 
 class MoeForCausalLM(DecoderForCausalLM):
@@ -70,12 +63,12 @@ class MoeForCausalLM(DecoderForCausalLM):
     def decoder_layer(self, config: ModelConfig, options: DecoderOptions, index: int) -> nn.Module:
         if not hasattr(self, "moe"):
             self.moe = moe_config(config)  # read once, before the first layer
-        feed_forward: nn.Module
+        block: nn.Module
         if self.moe.sparse_layers[index]:
-            feed_forward = SparseMoeBlock(config.hidden_size, self.moe, self.EXPERT)
+            block = SparseMoeBlock(config.hidden_size, self.moe, self.EXPERT)
         else:
-            feed_forward = GatedMLP(config.hidden_size, config.intermediate_size, bias=False)
-        layer = MoeDecoderLayer(config, options, feed_forward, self.BLOCK_NAME)
+            block = GatedMLP(config.hidden_size, config.intermediate_size, bias=False)
+        layer = MoeDecoderLayer(config, options, block, self.BLOCK_NAME)
         attention = self.attention(config, options)
         if attention is not None:
             layer.self_attn = attention
