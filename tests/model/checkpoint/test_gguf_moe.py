@@ -20,8 +20,8 @@ import torch
 import transformers
 from gguf import GGMLQuantizationType as T
 
-from kvserve.model import ModelRunner
-from kvserve.model.quant.quant_linear import Int4Linear, PackedLinear
+from kvserve.model import ModelLoadError, ModelRunner
+from kvserve.model.quant.quant_linear import Int4Linear, Int8Linear, PackedLinear
 from tests.model.gguf_files import greedy, reference_model, write_gguf
 from tests.model.model_driver import NEW, generate, prompt
 from tests.model.moe_checkpoints import moe_config
@@ -80,8 +80,9 @@ def converter_view(model: transformers.PreTrainedModel) -> SimpleNamespace:
     return SimpleNamespace(config=view_config, state_dict=lambda: state)
 
 
-def write_moe_gguf(model, path: Path, types) -> dict[str, torch.Tensor]:
-    """The file, and transformers' state dict of what it decodes to."""
+def write_moe_gguf(model, path: Path, types, extra=None) -> dict[str, torch.Tensor]:
+    """The file, and transformers' state dict of what it decodes to; `extra` replaces the
+    expert metadata (a broken file)."""
     view = converter_view(model)
     config = view.config
 
@@ -91,7 +92,7 @@ def write_moe_gguf(model, path: Path, types) -> dict[str, torch.Tensor]:
         if config.model_type == "qwen3_moe":
             writer.add_expert_feed_forward_length(config.width)
 
-    decoded = write_gguf(view, path, types, extra=experts)
+    decoded = write_gguf(view, path, types, extra=extra or experts)
     block, (gate_name, up_name), down_name = EXPERT_PROJECTIONS[model.config.model_type]
     reference = {}
     for name in model.state_dict():
@@ -139,6 +140,25 @@ def test_stacked_experts_match_transformers(models, tmp_path, arch, qtype):
     runner = runner_for(path)
     assert runner.config.architecture == type(model).__name__
     assert generate(runner, PROMPTS, NEW) == expected
+
+
+def test_gguf_mode_requantizes_q8_0_experts_to_int8(models, tmp_path):
+    """Q8_0 has no int4 layout: its experts get per-channel int8, like a dense layer's."""
+    path = tmp_path / "q8.gguf"
+    write_moe_gguf(models["mixtral"], path, router_in_f32(T.Q8_0))
+    runner = runner_for(path, "gguf")
+    experts = [m for n, m in runner.model.named_modules() if ".experts." in n]
+    packed = [m for m in experts if isinstance(m, PackedLinear)]
+    assert len(packed) == 2 * 8 * runner.config.num_layers
+    assert all(isinstance(m, Int8Linear) for m in packed)
+    assert_runs_its_packed_weights(runner, logits_of(runner_for(path)), "int8")
+
+
+def test_expert_metadata_is_checked_by_name(models, tmp_path):
+    path = tmp_path / "m.gguf"
+    write_moe_gguf(models["qwen3_moe"], path, T.F32, extra=lambda writer: None)
+    with pytest.raises(ModelLoadError, match=r"GGUF qwen3moe file without qwen3moe\.expert_count"):
+        runner_for(path)
 
 
 def test_gguf_mode_keeps_q4_experts_packed(models, tmp_path):
