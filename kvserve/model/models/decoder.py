@@ -121,6 +121,10 @@ class DecoderForCausalLM(nn.Module):
     device by `init_rotary` once the weights are in place.
     """
 
+    CUDA_GRAPHS: ClassVar[bool] = True
+    """Whether a decode step's forward can be captured in a CUDA graph (no host sync, no
+    data-dependent Python): the runner replays decode steps from graphs only then."""
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config

@@ -58,6 +58,7 @@ class MoeForCausalLM(DecoderForCausalLM):
 
     BLOCK_NAME: ClassVar[str] = "mlp"
     EXPERT: ClassVar = staticmethod(gated_expert)
+    CUDA_GRAPHS = False  # the expert dispatch reads the step's routing on the host
     moe: MoeConfig
 
     def decoder_layer(self, config: ModelConfig, options: DecoderOptions, index: int) -> nn.Module:
