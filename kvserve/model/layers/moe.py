@@ -110,6 +110,8 @@ def run_experts(
         if count:
             outputs.append(experts[expert_id](inputs[start : start + count]))
             start += count
+    if not outputs:  # no tokens at all
+        return torch.zeros_like(x)
     by_choice = torch.empty((tokens * top_k, x.shape[-1]), dtype=outputs[0].dtype, device=x.device)
     by_choice[order] = torch.cat(outputs)
     weighted = (by_choice.view(tokens, top_k, -1) * weights[..., None]).to(x.dtype)

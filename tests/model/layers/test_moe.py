@@ -149,3 +149,9 @@ def test_bad_moe_configs_are_refused_by_name():
     with pytest.raises(ModelLoadError, match=r"sliding_window \(4096\) is not supported"):
         moe_config(config_of({"architectures": ["MixtralForCausalLM"], "num_local_experts": 4,
                               "sliding_window": 4096}))  # fmt: skip
+
+
+def test_a_step_without_tokens_runs_no_expert():
+    block = kvserve_block(hf_block("qwen3_moe"), "qwen3_moe")
+    out, calls = calls_per_expert(block, torch.empty(0, HIDDEN))
+    assert out.shape == (0, HIDDEN) and calls == [0] * EXPERTS
