@@ -1,7 +1,7 @@
 """The engine on the test device (CUDA; tests/_device.py): the CPU's oracle tests again.
 
 float32 greedy tokens equal transformers' (run on the CPU) for Llama, Qwen2,
-Qwen3, Gemma 3, Bamba and the mixture-of-experts families (Qwen3-MoE, Mixtral,
+Qwen3, Gemma 3, Bamba and the mixture-of-experts families (Qwen3-MoE, Qwen2-MoE, Mixtral,
 OLMoE), with prefix caching (and hits), without it, with chunked prefill and
 under preemption; bfloat16 runs end to end with prefix hits. The prompts,
 options and checks are those of the CPU tests (test_llm, test_gemma3,
@@ -47,7 +47,7 @@ FAMILIES = {
     "bamba": Family(test_bamba_engine, "bamba_checkpoint", 14),
     **{
         arch: Family(test_moe_engine, "moe_checkpoints", test_moe_engine.PREEMPT_BLOCKS)
-        for arch in ("qwen3_moe", "mixtral", "olmoe")
+        for arch in ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
     },
 }
 

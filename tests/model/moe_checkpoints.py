@@ -1,11 +1,12 @@
 """Tiny mixture-of-experts checkpoints written by transformers, and their oracle.
 
 One per family kvserve runs: Qwen3-MoE (top-k renormalised, a dense layer in
-`mlp_only_layers`), Mixtral (`block_sparse_moe`, w1/w3/w2 experts), OLMoE
-(q/k norms over whole projections, `clip_qkv`, top-k weights not
-renormalised). Eight experts, two per token: a prompt of a few tokens leaves
-most experts without any, a longer one reaches all of them. Saved once per test
-run like conftest's checkpoints (tests/_shared.py).
+`mlp_only_layers`), Qwen2-MoE (a shared expert beside the routed ones, q/k/v
+biases), Mixtral (`block_sparse_moe`, w1/w3/w2 experts), OLMoE (q/k norms over
+whole projections, `clip_qkv`, top-k weights not renormalised). Eight
+experts, two per token: a prompt of a few tokens leaves most experts without
+any, a longer one reaches all of them. Saved once per test run like conftest's
+checkpoints (tests/_shared.py).
 """
 
 from __future__ import annotations
@@ -44,6 +45,19 @@ MOE_ARCHS = {
             num_experts=8,
             norm_topk_prob=True,
             mlp_only_layers=[1],
+            tie_word_embeddings=False,
+        ),
+    ),
+    "qwen2_moe": (
+        transformers.Qwen2MoeConfig,
+        transformers.Qwen2MoeForCausalLM,
+        dict(
+            num_hidden_layers=2,
+            intermediate_size=96,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=64,
+            num_experts=8,
+            norm_topk_prob=False,
             tie_word_embeddings=False,
         ),
     ),

@@ -2,12 +2,13 @@
 
 Each family spells them its own way (transformers' config classes): Qwen3-MoE
 has `num_experts` (saved by transformers 5 as `num_local_experts`),
-`moe_intermediate_size`, `norm_topk_prob`, and dense layers
-at `mlp_only_layers` or off the `decoder_sparse_step`; OLMoE has `num_experts`
-and `norm_topk_prob` with the experts' width in `intermediate_size`; Mixtral
-has `num_local_experts` and always renormalises the top-k weights. They are
-read here, from the raw config the ModelConfig keeps, so the dense families'
-config reader stays as it is.
+`moe_intermediate_size`, `norm_topk_prob`, and dense layers at
+`mlp_only_layers` or off the `decoder_sparse_step`; Qwen2-MoE the same plus
+its shared expert's `shared_expert_intermediate_size`; OLMoE has
+`num_experts` and `norm_topk_prob` with the experts' width in
+`intermediate_size`; Mixtral has `num_local_experts` and always renormalises
+the top-k weights. They are read here, from the raw config the ModelConfig
+keeps, so the dense families' config reader stays as it is.
 """
 
 from __future__ import annotations
@@ -18,7 +19,12 @@ from typing import Any
 from kvserve.model.checkpoint.config import ModelConfig
 from kvserve.model.checkpoint.errors import ModelLoadError
 
-MOE_ARCHITECTURES = ("MixtralForCausalLM", "OlmoeForCausalLM", "Qwen3MoeForCausalLM")
+MOE_ARCHITECTURES = (
+    "MixtralForCausalLM",
+    "OlmoeForCausalLM",
+    "Qwen2MoeForCausalLM",
+    "Qwen3MoeForCausalLM",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,18 +41,24 @@ class MoeConfig:
     weights_in_float: bool
     """Mixtral scales each expert's output by the float32 weight; the others cast it to the
     hidden states' dtype first (equal in float32, one rounding apart in bfloat16)."""
+    shared_expert_intermediate_size: int = 0
+    """Qwen2-MoE: the width of the shared expert every token runs, its output scaled by a
+    sigmoid gate (0: none)."""
 
 
 def moe_config(config: ModelConfig) -> MoeConfig:
     """The MoE fields of a config whose architecture is one of MOE_ARCHITECTURES."""
     raw, arch, layers = config.raw, config.architecture, config.num_layers
-    if arch == "Qwen3MoeForCausalLM":
+    if arch in ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"):
         experts = _expert_count(raw)
         step = _positive(raw, "decoder_sparse_step", 1)
         dense = raw.get("mlp_only_layers") or []
         if not isinstance(dense, list) or not all(isinstance(i, int) for i in dense):
             raise ModelLoadError(f"mlp_only_layers must be a list of ints, got {dense!r}")
         sparse = tuple(i not in dense and (i + 1) % step == 0 for i in range(layers))
+        shared = 0
+        if arch == "Qwen2MoeForCausalLM":
+            shared = _positive(raw, "shared_expert_intermediate_size")
         return _checked(
             experts,
             _positive(raw, "num_experts_per_tok"),
@@ -54,6 +66,7 @@ def moe_config(config: ModelConfig) -> MoeConfig:
             bool(raw.get("norm_topk_prob", False)),
             sparse,
             weights_in_float=False,
+            shared=shared,
         )
     if arch == "OlmoeForCausalLM":
         return _checked(
@@ -88,10 +101,11 @@ def _checked(
     norm: bool,
     sparse: tuple[bool, ...],
     weights_in_float: bool,
+    shared: int = 0,
 ) -> MoeConfig:
     if top_k > experts:
         raise ModelLoadError(f"num_experts_per_tok ({top_k}) exceeds the {experts} experts")
-    return MoeConfig(experts, top_k, width, norm, sparse, weights_in_float)
+    return MoeConfig(experts, top_k, width, norm, sparse, weights_in_float, shared)
 
 
 def _expert_count(raw: dict[str, Any]) -> int:

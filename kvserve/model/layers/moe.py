@@ -69,8 +69,22 @@ class MixtralExpert(nn.Module):
         return self.w2(nn.functional.silu(gate) * up)
 
 
+class SharedExpertGate(nn.Module):
+    """Qwen2-MoE's sigmoid gate of the shared expert: one row, kept in the engine's dtype
+    like the router (not a linear layer, so no quantization mode packs it)."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(1, hidden))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(nn.functional.linear(x, self.weight))
+
+
 class SparseMoeBlock(nn.Module):
-    """`gate` (the router) and `experts`, under the checkpoints' names."""
+    """`gate` (the router) and `experts`, and where the family has one the
+    `shared_expert` every token runs (`shared_expert_gate` scales it), under the
+    checkpoints' names."""
 
     def __init__(
         self, hidden: int, moe: MoeConfig, expert: Callable[[int, int], nn.Module]
@@ -80,10 +94,18 @@ class SparseMoeBlock(nn.Module):
         self.experts = nn.ModuleList(
             expert(hidden, moe.expert_intermediate_size) for _ in range(moe.num_experts)
         )
+        self.shared_expert: nn.Module | None = None
+        self.shared_expert_gate: nn.Module | None = None
+        if moe.shared_expert_intermediate_size:
+            self.shared_expert = expert(hidden, moe.shared_expert_intermediate_size)
+            self.shared_expert_gate = SharedExpertGate(hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, experts = self.gate(x)
-        return run_experts(self.experts, x, weights, experts)
+        out = run_experts(self.experts, x, weights, experts)
+        if self.shared_expert is None or self.shared_expert_gate is None:
+            return out
+        return out + self.shared_expert_gate(x) * self.shared_expert(x)
 
 
 def run_experts(

@@ -8,6 +8,7 @@ from kvserve.model.models.llama import LlamaForCausalLM
 from kvserve.model.models.mixtral import MixtralForCausalLM
 from kvserve.model.models.olmoe import OlmoeForCausalLM
 from kvserve.model.models.qwen2 import Qwen2ForCausalLM
+from kvserve.model.models.qwen2_moe import Qwen2MoeForCausalLM
 from kvserve.model.models.qwen3 import Qwen3ForCausalLM
 from kvserve.model.models.qwen3_moe import Qwen3MoeForCausalLM
 
@@ -20,6 +21,7 @@ MODEL_REGISTRY: dict[str, type[DecoderForCausalLM]] = {
     # mixture of experts (kvserve.model.models.moe_decoder)
     "MixtralForCausalLM": MixtralForCausalLM,
     "OlmoeForCausalLM": OlmoeForCausalLM,
+    "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
 }
 
@@ -44,6 +46,7 @@ __all__ = [
     "MixtralForCausalLM",
     "OlmoeForCausalLM",
     "Qwen2ForCausalLM",
+    "Qwen2MoeForCausalLM",
     "Qwen3ForCausalLM",
     "Qwen3MoeForCausalLM",
     "model_class",

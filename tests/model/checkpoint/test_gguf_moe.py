@@ -1,6 +1,7 @@
 """GGUF mixture-of-experts files written as llama.cpp's converter writes them, run token for token.
 
-Qwen3-MoE as `qwen3moe` and Mixtral as `llama` with experts: each layer's experts
+Qwen3-MoE as `qwen3moe`, Qwen2-MoE as `qwen2moe` (its shared expert as
+`ffn_*_shexp`) and Mixtral as `llama` with experts: each layer's experts
 stacked into one tensor per projection (`ffn_gate_exps`, `ffn_up_exps`,
 `ffn_down_exps`: [experts, rows, columns]) beside the router (`ffn_gate_inp`),
 the expert counts in the metadata, Mixtral's q/k rows permuted. The files are
@@ -32,6 +33,7 @@ PROMPTS = [prompt(5, salt=12), prompt(13, salt=12)]
 EXPERT_PROJECTIONS = {
     # transformers 5's stacked name: the converter's names of its parts (Qwen3-MoE, Mixtral)
     "qwen3_moe": ("mlp", ("gate_proj", "up_proj"), "down_proj"),
+    "qwen2_moe": ("mlp", ("gate_proj", "up_proj"), "down_proj"),
     "mixtral": ("block_sparse_moe", ("w1", "w3"), "w2"),
 }
 
@@ -42,9 +44,10 @@ def build(arch: str) -> transformers.PreTrainedModel:
     config = moe_config(arch)
     config.mlp_only_layers = []
     torch.manual_seed(1)
-    model_cls = {"qwen3_moe": transformers.Qwen3MoeForCausalLM}.get(
-        arch, transformers.MixtralForCausalLM
-    )
+    model_cls = {
+        "qwen3_moe": transformers.Qwen3MoeForCausalLM,
+        "qwen2_moe": transformers.Qwen2MoeForCausalLM,
+    }.get(arch, transformers.MixtralForCausalLM)
     return model_cls(config).eval()
 
 
@@ -65,6 +68,8 @@ def converter_view(model: transformers.PreTrainedModel) -> SimpleNamespace:
             state[f"{prefix}.{block}.experts.{down_name}.weight"] = tensor
         elif rest == "gate.weight":
             state[f"{prefix}.{block}.gate.weight"] = tensor
+        elif rest == "shared_expert_gate.weight":
+            state[name] = tensor[0]  # one row, written 1-D as llama.cpp declares it
         else:
             state[name] = tensor
     model_type = "llama" if config.model_type == "mixtral" else config.model_type
@@ -74,8 +79,10 @@ def converter_view(model: transformers.PreTrainedModel) -> SimpleNamespace:
               "rms_norm_eps", "vocab_size", "tie_word_embeddings")}  # fmt: skip
     view_config = SimpleNamespace(
         **fields, model_type=model_type, head_dim=getattr(config, "head_dim", None),
-        intermediate_size=config.intermediate_size, experts=config.num_local_experts,
+        intermediate_size=config.intermediate_size,
+        experts=getattr(config, "num_local_experts", None) or config.num_experts,
         used=config.num_experts_per_tok, width=width,
+        shared_width=getattr(config, "shared_expert_intermediate_size", 0),
     )  # fmt: skip
     return SimpleNamespace(config=view_config, state_dict=lambda: state)
 
@@ -89,8 +96,10 @@ def write_moe_gguf(model, path: Path, types, extra=None) -> dict[str, torch.Tens
     def experts(writer: gguf.GGUFWriter) -> None:
         writer.add_expert_count(config.experts)
         writer.add_expert_used_count(config.used)
-        if config.model_type == "qwen3_moe":
+        if config.model_type != "llama":
             writer.add_expert_feed_forward_length(config.width)
+        if config.model_type == "qwen2_moe":
+            writer.add_expert_shared_feed_forward_length(config.shared_width)
 
     decoded = write_gguf(view, path, types, extra=extra or experts)
     block, (gate_name, up_name), down_name = EXPERT_PROJECTIONS[model.config.model_type]
@@ -105,6 +114,8 @@ def write_moe_gguf(model, path: Path, types, extra=None) -> dict[str, torch.Tens
             reference[name] = decoded[f"{parts}.experts.{down_name}.weight"]
         elif rest == "gate.weight":
             reference[name] = decoded[f"{parts}.gate.weight"]
+        elif rest == "shared_expert_gate.weight":
+            reference[name] = decoded[name][None]
         elif name in decoded:
             reference[name] = decoded[name]
     return reference
@@ -128,7 +139,8 @@ def models() -> dict[str, transformers.PreTrainedModel]:
 
 
 @pytest.mark.parametrize(
-    ("arch", "qtype"), [("qwen3_moe", T.Q8_0), ("mixtral", T.F16), ("mixtral", T.Q4_0)],
+    ("arch", "qtype"),
+    [("qwen3_moe", T.Q8_0), ("qwen2_moe", T.Q4_0), ("mixtral", T.F16), ("mixtral", T.Q4_0)],
     ids=lambda v: getattr(v, "name", v),
 )  # fmt: skip
 def test_stacked_experts_match_transformers(models, tmp_path, arch, qtype):

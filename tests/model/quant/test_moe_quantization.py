@@ -39,3 +39,13 @@ def test_every_expert_is_packed_and_the_router_stays_float(qwen3_moe, mode):
     routers = [layer.mlp.gate.weight for layer in sparse_layers]
     assert all(w.dtype == torch.float32 for w in routers)
     assert_runs_its_packed_weights(runner, logits_of(runner_for(qwen3_moe.path)), mode)
+
+
+def test_a_shared_expert_is_packed_and_its_gate_stays_float(tmp_path_factory):
+    """Qwen2-MoE: the shared expert is a gated MLP like the routed ones; its sigmoid gate
+    (one row) is not a linear layer."""
+    runner = runner_for(moe_checkpoint(tmp_path_factory, "qwen2_moe").path, "int8")
+    block = runner.model.model.layers[0].mlp
+    assert isinstance(block.shared_expert.gate_up_proj, Int8Linear)
+    assert isinstance(block.shared_expert.down_proj, Int8Linear)
+    assert block.shared_expert_gate.weight.dtype == torch.float32
