@@ -182,6 +182,7 @@ class ModelRunner:
             and self.attention_backend == "triton"
             and not enforce_eager
             and not self.state_groups
+            and self.model.CUDA_GRAPHS
         ):
             from kvserve.model.attention.decode_graphs import DecodeGraphs
 

@@ -21,3 +21,11 @@ def demo_tokenizer(demo_model: str) -> Any:
     from kvserve.model.checkpoint.tokenizer import load_tokenizer
 
     return load_tokenizer(demo_model)
+
+
+@pytest.fixture(scope="session")
+def moe_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The tiny mixture-of-experts checkpoints (tests/model/moe_checkpoints.py), by family."""
+    from tests.model.moe_checkpoints import MOE_ARCHS, moe_checkpoint
+
+    return {arch: moe_checkpoint(tmp_path_factory, arch) for arch in MOE_ARCHS}

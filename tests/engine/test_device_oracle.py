@@ -1,11 +1,12 @@
 """The engine on the test device (CUDA; tests/_device.py): the CPU's oracle tests again.
 
 float32 greedy tokens equal transformers' (run on the CPU) for Llama, Qwen2,
-Qwen3, Gemma 3 and Bamba, with prefix caching (and hits), without it, with
-chunked prefill and under preemption; bfloat16 runs end to end with prefix
-hits. The prompts, options and checks are those of the CPU tests
-(test_llm, test_gemma3, test_bamba_engine, hybrid_rounds); only the device
-differs. Each runs on the plain attention backend and on the Triton one, with its
+Qwen3, Gemma 3, Bamba and the mixture-of-experts families (Qwen3-MoE, Qwen2-MoE, Mixtral,
+OLMoE), with prefix caching (and hits), without it, with chunked prefill and
+under preemption; bfloat16 runs end to end with prefix hits. The prompts,
+options and checks are those of the CPU tests (test_llm, test_gemma3,
+test_bamba_engine, test_moe_engine, hybrid_rounds); only the device differs.
+Each runs on the plain attention backend and on the Triton one, with its
 decode CUDA graphs (Bamba: eager, its Mamba layers have none) and without them
 (enforce_eager). `KVSERVE_TEST_DEVICE=cpu` runs this file on the CPU (Triton in its
 interpreter, no graphs).
@@ -21,6 +22,7 @@ import pytest
 import test_bamba_engine
 import test_gemma3
 import test_llm
+import test_moe_engine
 from _device import DEVICE, exact_float32, needs_device  # noqa: F401 (a fixture)
 from hybrid_rounds import MODES, tokens, two_rounds
 
@@ -43,6 +45,10 @@ FAMILIES = {
     "qwen3": Family(test_llm, "checkpoints", 24),
     "gemma3": Family(test_gemma3, "gemma3_checkpoint", 100),
     "bamba": Family(test_bamba_engine, "bamba_checkpoint", 14),
+    **{
+        arch: Family(test_moe_engine, "moe_checkpoints", test_moe_engine.PREEMPT_BLOCKS)
+        for arch in ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
+    },
 }
 
 

@@ -35,7 +35,13 @@ K_QUANT_SCALES = {
     T.Q6_K: ((208, 0.00005),),
 }
 """Scales that keep random blocks' values within about +-0.5, like the other weights."""
-GGUF_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+GGUF_ARCH = {
+    "llama": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "qwen2_moe": "qwen2moe",
+    "qwen3_moe": "qwen3moe",
+}
 
 TypeChoice = T | Callable[[str], T]
 """One type for every 2-D tensor, or a function of the GGUF tensor name."""

@@ -16,7 +16,9 @@ past them are never read. Only the model's forward is captured: logits and sampl
 on the B real rows, eagerly.
 
 Graphs are used on CUDA with the "triton" backend and no Mamba state groups (their
-metadata is per-chunk Python), unless `enforce_eager`. With `capture=False` the same
+metadata is per-chunk Python), for a model whose forward can be captured (not the
+mixtures of experts: their dispatch reads each step's routing on the host), unless
+`enforce_eager`. With `capture=False` the same
 buffers and padding feed an eager forward: the CPU tests check this class that way.
 """
 

@@ -17,12 +17,15 @@ from gguf import GGUFReader
 
 from kvserve.model.checkpoint.errors import ModelLoadError
 from kvserve.model.checkpoint.gguf_file import array_length, field
+from kvserve.model.checkpoint.gguf_moe import gguf_moe_fields
 from kvserve.model.checkpoint.gguf_rope import rope_scaling
 
 ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "qwen2moe": "Qwen2MoeForCausalLM",
+    "qwen3moe": "Qwen3MoeForCausalLM",
 }
 """GGUF's `general.architecture` -> the Hugging Face architecture kvserve runs it as."""
 STOP_TOKEN_KEYS = ("eos_token_id", "eot_token_id", "eom_token_id")
@@ -88,6 +91,7 @@ def gguf_config_dicts(reader: GGUFReader) -> tuple[dict[str, Any], dict[str, Any
         "eos_token_id": field(reader, "tokenizer.ggml.eos_token_id"),
         TOKENIZER_MODEL_FIELD: field(reader, TOKENIZER_MODEL_KEY),
     }
+    raw.update(gguf_moe_fields(arch, meta, tensors, raw["num_hidden_layers"]))  # experts
     scaling = rope_scaling(reader, arch, theta, head_dim)
     if scaling is not None:
         raw["rope_scaling"] = scaling

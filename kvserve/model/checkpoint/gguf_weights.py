@@ -29,6 +29,7 @@ from gguf.quants import dequantize
 
 from kvserve.model.checkpoint.config import ModelConfig
 from kvserve.model.checkpoint.errors import ModelLoadError
+from kvserve.model.checkpoint.gguf_moe import expert_tensors
 from kvserve.model.checkpoint.weight_check import check_weights
 
 T = GGMLQuantizationType
@@ -71,7 +72,7 @@ LAYER_NAMES = {
 LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 NOT_WEIGHTS = ("rope_freqs.weight",)
 """Tensors that describe the model rather than hold weights (read by gguf_config)."""
-PERMUTED_ARCHITECTURES = ("LlamaForCausalLM",)
+PERMUTED_ARCHITECTURES = ("LlamaForCausalLM", "MixtralForCausalLM")
 """Architectures whose q/k rows llama.cpp's converter reorders for ggml's rope."""
 
 
@@ -113,6 +114,11 @@ def locate_tensors(
     unexpected: list[str] = []
     for tensor in reader.tensors:
         if tensor.name in NOT_WEIGHTS:
+            continue
+        experts = expert_tensors(tensor, expected)
+        if experts is not None:  # a stacked tensor: one entry per expert
+            located.update(experts)
+            shapes.update((name, tensor_shape(part)) for name, part in experts)
             continue
         name = model_name(tensor.name)
         if name is None or name not in expected:

@@ -5,8 +5,12 @@ from kvserve.model.models.bamba import BambaForCausalLM
 from kvserve.model.models.decoder import DecoderForCausalLM
 from kvserve.model.models.gemma3 import Gemma3ForCausalLM
 from kvserve.model.models.llama import LlamaForCausalLM
+from kvserve.model.models.mixtral import MixtralForCausalLM
+from kvserve.model.models.olmoe import OlmoeForCausalLM
 from kvserve.model.models.qwen2 import Qwen2ForCausalLM
+from kvserve.model.models.qwen2_moe import Qwen2MoeForCausalLM
 from kvserve.model.models.qwen3 import Qwen3ForCausalLM
+from kvserve.model.models.qwen3_moe import Qwen3MoeForCausalLM
 
 MODEL_REGISTRY: dict[str, type[DecoderForCausalLM]] = {
     "BambaForCausalLM": BambaForCausalLM,
@@ -14,6 +18,11 @@ MODEL_REGISTRY: dict[str, type[DecoderForCausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    # mixture of experts (kvserve.model.models.moe_decoder)
+    "MixtralForCausalLM": MixtralForCausalLM,
+    "OlmoeForCausalLM": OlmoeForCausalLM,
+    "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
+    "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
 }
 
 
@@ -34,7 +43,11 @@ __all__ = [
     "DecoderForCausalLM",
     "Gemma3ForCausalLM",
     "LlamaForCausalLM",
+    "MixtralForCausalLM",
+    "OlmoeForCausalLM",
     "Qwen2ForCausalLM",
+    "Qwen2MoeForCausalLM",
     "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM",
     "model_class",
 ]

@@ -7,7 +7,7 @@ checkpoints so weights load by name without a mapping table.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -97,14 +97,19 @@ class DecoderLayer(nn.Module):
     ) -> torch.Tensor:
         """The residual stream `x` is updated in place: the model's forward owns it."""
         x.add_(self.self_attn(self.input_layernorm(x), cos_sin, kv_cache, meta))
-        return x.add_(self.mlp(self.post_attention_layernorm(x)))
+        return x.add_(self.feed_forward(self.post_attention_layernorm(x)))
+
+    def feed_forward(self, h: torch.Tensor) -> torch.Tensor:
+        """The MLP (a mixture-of-experts layer runs its sparse block instead)."""
+        return self.mlp(h)
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, config: ModelConfig, options: DecoderOptions) -> None:
+    def __init__(self, config: ModelConfig, layer: Callable[[int], nn.Module]) -> None:
+        """`layer(index)` builds each decoder layer (`DecoderForCausalLM.decoder_layer`)."""
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, options) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(layer(i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
@@ -116,10 +121,15 @@ class DecoderForCausalLM(nn.Module):
     device by `init_rotary` once the weights are in place.
     """
 
+    CUDA_GRAPHS: ClassVar[bool] = True
+    """Whether a decode step's forward can be captured in a CUDA graph (no host sync, no
+    data-dependent Python): the runner replays decode steps from graphs only then."""
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        self.model = DecoderModel(config, self.options(config))
+        options = self.options(config)
+        self.model = DecoderModel(config, lambda i: self.decoder_layer(config, options, i))
         self.lm_head = (
             None
             if config.tie_word_embeddings
@@ -130,6 +140,10 @@ class DecoderForCausalLM(nn.Module):
     @staticmethod
     def options(config: ModelConfig) -> DecoderOptions:
         raise NotImplementedError
+
+    def decoder_layer(self, config: ModelConfig, options: DecoderOptions, index: int) -> nn.Module:
+        """Layer `index` (a mixture-of-experts model puts its sparse blocks in some)."""
+        return DecoderLayer(config, options)
 
     def init_rotary(self, device: torch.device) -> None:
         self.rotary = RotaryEmbedding(self.config.rope, self.config.head_dim, device)
