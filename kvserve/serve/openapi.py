@@ -112,10 +112,69 @@ _PROMPT = {
         {"type": "array", "items": {**_TOKENS, "minItems": 1}, "minItems": 1},
     ]
 }
+_FUNCTION_NAME = {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,64}$"}
+_CALL = {
+    "type": "object",
+    "required": ["type", "function"],
+    "properties": {
+        "id": {"type": "string"},
+        "type": {"const": "function"},
+        "function": {
+            "type": "object",
+            "required": ["name", "arguments"],
+            "properties": {"name": _FUNCTION_NAME, "arguments": {"type": "string"}},
+        },
+    },
+}
 _MESSAGE = {
     "type": "object",
     "required": ["role", "content"],
-    "properties": {"role": {"enum": list(ROLES)}, "content": {"type": "string"}},
+    "properties": {
+        "role": {"enum": list(ROLES)},
+        "content": {"type": ["string", "null"]},
+        "tool_calls": {"type": "array", "items": _CALL},
+        "tool_call_id": {"type": "string"},
+    },
+}
+_TOOLS: dict[str, Any] = {
+    "tools": {
+        "type": "array",
+        "items": {
+            "type": "object",
+            "required": ["type", "function"],
+            "properties": {
+                "type": {"const": "function"},
+                "function": {
+                    "type": "object",
+                    "required": ["name"],
+                    "properties": {
+                        "name": _FUNCTION_NAME,
+                        "description": {"type": "string"},
+                        "parameters": _SCHEMA,
+                        "strict": {"type": "boolean"},
+                    },
+                },
+            },
+        },
+    },
+    "tool_choice": {
+        "oneOf": [
+            {"enum": ["none", "auto", "required"]},
+            {
+                "type": "object",
+                "required": ["type", "function"],
+                "properties": {
+                    "type": {"const": "function"},
+                    "function": {
+                        "type": "object",
+                        "required": ["name"],
+                        "properties": {"name": _FUNCTION_NAME},
+                    },
+                },
+            },
+        ]
+    },
+    "parallel_tool_calls": {"type": "boolean"},
 }
 BODIES: dict[str, dict[str, Any]] = {
     "/v1/completions": {
@@ -139,6 +198,7 @@ BODIES: dict[str, dict[str, Any]] = {
             "echo": {"type": "boolean"},
             "chat_template_kwargs": {"type": "object"},
             "reasoning_effort": {"type": "string"},
+            **_TOOLS,
         },
     },
     "/tokenize": {
@@ -148,6 +208,7 @@ BODIES: dict[str, dict[str, Any]] = {
             "prompt": {"type": "string"},
             "messages": {"type": "array", "items": _MESSAGE, "minItems": 1},
             "add_special_tokens": {"type": "boolean"},
+            **_TOOLS,
         },
         "additionalProperties": False,
     },
