@@ -113,6 +113,14 @@ def _tool_calls(calls: Any, where: str) -> list[Message]:
     return out
 
 
+def offered_tools(tools: Any, tool_choice: Any) -> list[dict[str, Any]] | None:
+    """The tools a chat request shows the template: its `tools`, unless none are given or
+    `tool_choice` is "none" (the server and the router agree on it)."""
+    if not isinstance(tools, list) or not tools or tool_choice == "none":
+        return None
+    return tools
+
+
 RESERVED_TEMPLATE_KWARGS = frozenset(
     {
         "conversation",

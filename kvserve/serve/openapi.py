@@ -113,19 +113,20 @@ _PROMPT = {
     ]
 }
 _FUNCTION_NAME = {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,64}$"}
-_CALL = {
-    "type": "object",
-    "required": ["type", "function"],
-    "properties": {
-        "id": {"type": "string"},
-        "type": {"const": "function"},
-        "function": {
-            "type": "object",
-            "required": ["name", "arguments"],
-            "properties": {"name": _FUNCTION_NAME, "arguments": {"type": "string"}},
-        },
-    },
-}
+
+
+def _function(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    """`{"type": "function", "function": {...}}`: a tool, a call, a named tool_choice."""
+    function = {"type": "object", "required": required, "properties": properties}
+    return {
+        "type": "object",
+        "required": ["type", "function"],
+        "properties": {"type": {"const": "function"}, "function": function},
+    }
+
+
+_CALL = _function({"name": _FUNCTION_NAME, "arguments": {"type": "string"}}, ["name", "arguments"])
+_CALL["properties"]["id"] = {"type": "string"}
 _MESSAGE = {
     "type": "object",
     "required": ["role", "content"],
@@ -136,42 +137,18 @@ _MESSAGE = {
         "tool_call_id": {"type": "string"},
     },
 }
+_TOOL = {
+    "name": _FUNCTION_NAME,
+    "description": {"type": "string"},
+    "parameters": _SCHEMA,
+    "strict": {"type": "boolean"},
+}
 _TOOLS: dict[str, Any] = {
-    "tools": {
-        "type": "array",
-        "items": {
-            "type": "object",
-            "required": ["type", "function"],
-            "properties": {
-                "type": {"const": "function"},
-                "function": {
-                    "type": "object",
-                    "required": ["name"],
-                    "properties": {
-                        "name": _FUNCTION_NAME,
-                        "description": {"type": "string"},
-                        "parameters": _SCHEMA,
-                        "strict": {"type": "boolean"},
-                    },
-                },
-            },
-        },
-    },
+    "tools": {"type": "array", "items": _function(_TOOL, ["name"])},
     "tool_choice": {
         "oneOf": [
             {"enum": ["none", "auto", "required"]},
-            {
-                "type": "object",
-                "required": ["type", "function"],
-                "properties": {
-                    "type": {"const": "function"},
-                    "function": {
-                        "type": "object",
-                        "required": ["name"],
-                        "properties": {"name": _FUNCTION_NAME},
-                    },
-                },
-            },
+            _function({"name": _FUNCTION_NAME}, ["name"]),
         ]
     },
     "parallel_tool_calls": {"type": "boolean"},

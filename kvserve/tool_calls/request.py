@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from kvserve.chat_template import offered_tools
 from kvserve.sampling_params import StructuredOutputsParams
 from kvserve.structured.tags import free_text_then_tags, structural_tag, tags_only
 from kvserve.tool_calls.parser import ToolParser
@@ -49,7 +50,7 @@ class ToolRequest:
     @property
     def template_tools(self) -> list[dict[str, Any]] | None:
         """What the chat template is given (None with `none`: no tool is offered)."""
-        return self.tools if self.parses else None
+        return offered_tools(self.tools, self.choice)
 
     def constraint(self, parser: ToolParser) -> StructuredOutputsParams | None:
         """The grammar of the allowed outputs, in `parser`'s format (None: `none`)."""
