@@ -18,6 +18,7 @@ from kvserve.tool_calls.parser import ToolParser
 from kvserve.tool_calls.request import ToolRequest, tool_request
 
 FIELDS = ("tools", "tool_choice", "parallel_tool_calls")
+_ENGINE_NAME = "structured_outputs.structural_tag"
 
 
 def read_tools(body: dict[str, Any]) -> ToolRequest | None:
@@ -48,3 +49,9 @@ def constrained(
             param="tool_choice",
         )
     return dataclasses.replace(params, structured_outputs=grammar)
+
+
+def as_sent(message: str) -> str:
+    """The engine's refusal of the tools' grammar in the client's words (it names the
+    constraint `structured_outputs.structural_tag`; the client sent tools)."""
+    return message.replace(_ENGINE_NAME, "tools: a function's parameters schema", 1)

@@ -33,6 +33,7 @@ TOOLS = [
     {"type": "function", "function": {"name": "get_time", "parameters": TIME}},
 ]
 SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
+BAD_REGEX = {"type": "object", "properties": {"a": {"type": "string", "pattern": "(("}}}
 ASK = [{"role": "user", "content": "Weather in Paris for two days, and the time there?"}]
 TRIGGER_TOKEN = 2048
 """`<tool_call>` in the test checkpoint's vocabulary (_tool_checkpoint.py)."""
@@ -203,6 +204,11 @@ def test_history_calls_and_results_reach_the_template(tool_client, tool_server, 
         ),
         ({"tools": TOOLS, "tool_choice": "always"}, "tool_choice", "tool_choice must be"),
         ({"tool_choice": "required"}, "tool_choice", "needs tools"),
+        (  # a schema xgrammar cannot compile: its reason, in the client's words
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": BAD_REGEX}}]},
+            "tools",
+            "tools: a function's parameters schema: Regex parsing error",
+        ),
         ({"tools": TOOLS, "parallel_tool_calls": "no"}, "parallel_tool_calls", "true or false"),
         (
             {"tools": TOOLS, "response_format": {"type": "json_object"}},
