@@ -1,18 +1,26 @@
 """The OpenAI Agents SDK against a real `kvserve serve` (the demo checkpoint, random weights),
 through its chat-completions model: the agent must call its function tool (forced on the
 first turn), the SDK runs the tool and sends its result back, and the run ends with the
-model's final answer (the SDK resets tool_choice to `auto` after a tool ran)."""
+model's final answer (the SDK resets tool_choice to `auto` after a tool ran): plain text,
+or with an `output_type` an object of that type (the SDK then sends `response_format` with
+the tools: the reply is calls or JSON of the schema)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import pytest
+from pydantic import BaseModel, Field
 
 agents = pytest.importorskip("agents")
 
 
-def test_an_agent_runs_its_tool_and_answers(server):
+class Answer(BaseModel):
+    zone: Literal["UTC", "CET"]
+    hour: int = Field(ge=0, le=23)  # bounded: a random model writes digits until cut
+
+
+def run_clock_agent(server, output_type: Any = None) -> tuple[Any, list[str]]:
     from openai import AsyncOpenAI
 
     agents.set_tracing_disabled(True)
@@ -29,6 +37,7 @@ def test_an_agent_runs_its_tool_and_answers(server):
         name="clock",
         instructions="Answer with the time.",
         tools=[get_time],
+        output_type=output_type,
         model=agents.OpenAIChatCompletionsModel(model=server.model, openai_client=client),
         model_settings=agents.ModelSettings(tool_choice="required", temperature=0, max_tokens=96),
     )
@@ -36,4 +45,14 @@ def test_an_agent_runs_its_tool_and_answers(server):
     assert len(asked) == 1 and asked[0] in ("UTC", "CET")  # the tool ran, with valid arguments
     outputs = [item for item in result.new_items if item.type == "tool_call_output_item"]
     assert [item.output for item in outputs] == [f"12:00 in {asked[0]}"]
-    assert isinstance(result.final_output, str) and result.final_output  # the final answer
+    return result.final_output, asked
+
+
+def test_an_agent_runs_its_tool_and_answers(server):
+    final, _ = run_clock_agent(server)
+    assert isinstance(final, str) and final  # the final answer, free text
+
+
+def test_an_agent_with_an_output_type_runs_its_tool_and_answers_in_that_type(server):
+    final, _ = run_clock_agent(server, Answer)
+    assert isinstance(final, Answer)

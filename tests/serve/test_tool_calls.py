@@ -146,6 +146,29 @@ def test_tool_choice_none_neither_offers_nor_parses(tool_client, tool_server):
     assert "get_weather" not in rendered
 
 
+ANSWER = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+
+
+@pytest.mark.parametrize("bias", [-100, 100], ids=["no-call", "call"])
+def test_auto_with_response_format_gives_calls_or_a_matching_answer(tool_client, bias):
+    """The Agents SDK's `output_type` with tools: a reply is calls, or JSON of the schema."""
+    response_format = {"type": "json_schema", "json_schema": {"name": "a", "schema": ANSWER}}
+    whole = ask(
+        tool_client,
+        tool_choice="auto",
+        parallel_tool_calls=False,
+        response_format=response_format,
+        logit_bias={str(TRIGGER_TOKEN): bias},  # -100: the call's marker token is out
+    )
+    message = whole.choices[0].message
+    if bias > 0:
+        assert whole.choices[0].finish_reason == "tool_calls" and message.content is None
+        assert len(valid_calls(message.tool_calls)) == 1
+    else:
+        assert whole.choices[0].finish_reason == "stop" and message.tool_calls is None
+        jsonschema.validate(json.loads(message.content), ANSWER)
+
+
 HISTORY = [
     {"role": "user", "content": "What is the weather in Paris?"},
     {
@@ -210,11 +233,6 @@ def test_history_calls_and_results_reach_the_template(tool_client, tool_server, 
             "tools: a function's parameters schema: Regex parsing error",
         ),
         ({"tools": TOOLS, "parallel_tool_calls": "no"}, "parallel_tool_calls", "true or false"),
-        (
-            {"tools": TOOLS, "response_format": {"type": "json_object"}},
-            "tool_choice",
-            "constrain the output themselves",
-        ),
     ],
 )
 def test_bad_tools_are_a_400_naming_the_field(tool_server, fields, param, says):
