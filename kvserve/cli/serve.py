@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from kvserve.cli.common import HelpFormatter, add_model_option, loopback_events, positive
 from kvserve.cli.engine_options import add_engine_options, engine_args_from
 from kvserve.serve.metrics import PREFIXES
+from kvserve.tool_calls.registry import PARSERS
 
 if TYPE_CHECKING:
     from kvserve.serve.limits import ServeLimits
@@ -72,6 +73,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--log-requests",
         action="store_true",
         help="log each request's prompt and sampling parameters (off: logs hold no prompt text)",
+    )
+    s.add_argument(
+        "--tool-call-parser",
+        choices=sorted(PARSERS),
+        help="how tool calls are written and read (default: the family whose markers the "
+        "chat template shows, else hermes)",
     )
     s.add_argument(
         "--data-parallel-size",
@@ -170,6 +177,7 @@ def run(args: argparse.Namespace) -> int:
         log_requests=args.log_requests,
         kv_metadata=kv_metadata_body(llm.engine, llm.model.path, name),
         limits=limits,
+        tool_call_parser=args.tool_call_parser,
     )
     print(f"Serving {llm.model.description} as {name!r}", file=sys.stderr, flush=True)
     if llm.model.random_weights:

@@ -28,11 +28,12 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from kvserve.outputs import RequestOutput
 from kvserve.sampling_params import SamplingParams
-from kvserve.serve import fields, protocol, structured
+from kvserve.serve import fields, protocol, structured, tools
 from kvserve.serve.engine_thread import RequestRefused, ServerStopping, Submission
 from kvserve.serve.errors import APIError, error_body
 from kvserve.serve.responses import Job, Part
 from kvserve.serve.state import ServerState
+from kvserve.tool_calls.parser import ToolParser
 
 DISCONNECT_POLL_SECONDS = 0.5
 log = logging.getLogger("kvserve.serve")
@@ -63,12 +64,17 @@ async def chat_completions(request: Request, state: ServerState) -> Any:
     context = state.max_request_tokens
     default = protocol.DEFAULT_MAX_TOKENS if context is None else context
     params = protocol.sampling_params(body, True, state.max_n, default_max_tokens=default)
+    tool_request = tools.read_tools(body)
+    parser = state.tool_parser
+    assert parser is not None
+    params = tools.constrained(params, tool_request, parser)
     kwargs = protocol.template_kwargs(body)
     if "reasoning_effort" in kwargs and not state.tokens.template_reads("reasoning_effort"):
         ignored = [*ignored, "reasoning_effort"]  # passed on; this template has no use for it
         state.ignored_log.note(["reasoning_effort"])
     state.check_admission()
-    ids = await state.tokens.render(messages, kwargs)
+    offered = None if tool_request is None else tool_request.template_tools
+    ids = await state.tokens.render(messages, kwargs, offered)
     if context is not None and not protocol.sets_max_tokens(body):
         if len(ids) >= context:
             raise APIError(
@@ -79,7 +85,16 @@ async def chat_completions(request: Request, state: ServerState) -> Any:
         params = protocol.with_max_tokens(params, context - len(ids))
     echo = messages[-1]["content"] if messages[-1]["role"] == "assistant" else ""
     return await _run(
-        request, state, body, params, [ids], [ids], chat=True, ignored=ignored, chat_echo=echo
+        request,
+        state,
+        body,
+        params,
+        [ids],
+        [ids],
+        chat=True,
+        ignored=ignored,
+        chat_echo=echo,
+        tool_parser=parser if tool_request is not None and tool_request.parses else None,
     )
 
 
@@ -109,9 +124,11 @@ async def _run(
     chat: bool,
     ignored: list[str],
     chat_echo: str = "",
+    tool_parser: ToolParser | None = None,
 ) -> Any:
     """`prompts` as given (echo shows them), `prompt_ids` what the engine runs; `chat_echo`:
-    what chat's echo puts first (the last message's content when it is the assistant's)."""
+    what chat's echo puts first (the last message's content when it is the assistant's);
+    `tool_parser`: chat with tools, whose output is read for tool calls."""
     options = protocol.response_options(body, chat=chat)
     cache_salt = protocol.cache_salt(body)
     state.check_admission(len(prompts))
@@ -123,6 +140,7 @@ async def _run(
         n=params.n,
         options=options,
         outputs=asyncio.Queue(),
+        tool_parser=tool_parser,
     )
     if state.log_requests:
         log.info("request %s: prompts=%r params=%r", job.request_id, prompts, params)
@@ -131,7 +149,8 @@ async def _run(
         job.parts[engine_id] = Part(index=i, prompt_tokens=len(ids))
         state.engine.submit(Submission(engine_id, ids, params, cache_salt), job.outputs)
     constraint = structured.structured_outputs(body)
-    await _first_outputs(job, state, None if constraint is None else constraint[1])
+    source = "tools" if tool_parser is not None else None
+    await _first_outputs(job, state, source or (None if constraint is None else constraint[1]))
     if options.echo and chat:
         for part in job.parts.values():
             part.echo = chat_echo
@@ -155,7 +174,7 @@ async def _first_outputs(job: Job, state: ServerState, constraint: str | None = 
             item = await job.outputs.get()
             if isinstance(item, RequestRefused):
                 # names the request and counts, never the prompt's text
-                message = str(item)
+                message = tools.as_sent(str(item)) if constraint == "tools" else str(item)
                 if len(job.parts) > 1:
                     message = f"prompt {job.parts[item.request_id].index}: {message}"
                 param = structured.engine_param(str(item), constraint)

@@ -7,7 +7,7 @@ of two kinds:
 - Defined by OpenAI's or vLLM's API, would change the answer, and not
   implemented here (the tables below): a 400 naming it, unless its value is
   neutral, one that asks for nothing (null always, and each entry's own
-  values: `tools: []`, `add_generation_prompt: true`, ...). A neutral value is
+  values: `functions: []`, `add_generation_prompt: true`, ...). A neutral value is
   accepted silently, so a client or router that sends a default still works;
   anything else would be answered as if the field were not there, which is
   the wrong answer, not an ignored detail.
@@ -100,15 +100,13 @@ COMMON: dict[str, Unsupported] = {
     "no_stop_trim": Unsupported("no_stop_trim (a matched stop string is always cut)", (False,)),
 }
 """Both endpoints. Served fields (ignore_eos, min_tokens, stop_token_ids, response_format,
-structured_outputs and guided_*: structured.py, ...) are not here."""
+structured_outputs and guided_*: structured.py; chat's tools: tools.py, ...) are not here."""
 COMPLETION_ONLY: dict[str, Unsupported] = {
     "suffix": Unsupported("suffix (fill in the middle)", ("",)),
     "prompt_embeds": Unsupported("prompt embeddings"),
     "add_special_tokens": Unsupported("add_special_tokens (always true)", (True,)),
 }
 CHAT_ONLY: dict[str, Unsupported] = {
-    "tools": Unsupported("tool calling", ([],)),
-    "tool_choice": Unsupported("tool calling", ("none",), _unless_set("tools")),
     "functions": Unsupported("function calling", ([],)),
     "function_call": Unsupported("function calling", ("none",), _unless_set("functions")),
     "add_generation_prompt": Unsupported("add_generation_prompt (always true)", (True,)),

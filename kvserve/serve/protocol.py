@@ -58,6 +58,7 @@ COMPLETION_FIELDS = frozenset({*_COMMON, "prompt", "echo", "logprobs"})
 CHAT_FIELDS = frozenset(
     {*_COMMON, "messages", "logprobs", "top_logprobs", "echo"}
     | {"chat_template_kwargs", "reasoning_effort"}
+    | {"tools", "tool_choice", "parallel_tool_calls"}
 )
 DEFAULT_MAX_TOKENS = 16
 """Completions without max_tokens (OpenAI's default there). Chat without it: the rest of
