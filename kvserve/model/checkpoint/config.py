@@ -165,7 +165,7 @@ class ModelConfig:
             head_dim=head_dim,
             rms_norm_eps=float(raw.get("rms_norm_eps", DEFAULT_RMS_NORM_EPS.get(arch, 1e-6))),
             max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
-            rope=_rope_config(raw, allow_partial=arch in PARTIAL_ROTARY_DEFAULTS, arch=arch),
+            rope=_rope_config(raw, arch in PARTIAL_ROTARY_DEFAULTS, arch, int(head_dim * partial)),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", arch in TIED_BY_DEFAULT)),
             attention_bias=bool(raw.get("attention_bias", False)),
             mlp_bias=bool(raw.get("mlp_bias", False)),
@@ -239,7 +239,9 @@ def _token_ids(value: Any) -> set[int]:
     return {int(v) for v in value}
 
 
-def _rope_config(raw: dict[str, Any], allow_partial: bool = False, arch: str = "") -> RopeConfig:
+def _rope_config(
+    raw: dict[str, Any], allow_partial: bool = False, arch: str = "", rotary_dim: int = 0
+) -> RopeConfig:
     """Accept both `rope_parameters` (transformers 5) and `rope_theta` + `rope_scaling`.
 
     A partial rotary factor is refused unless the architecture applies it (`allow_partial`):
@@ -261,7 +263,7 @@ def _rope_config(raw: dict[str, Any], allow_partial: bool = False, arch: str = "
     if kind == "default":
         return rope
     if kind == "longrope":
-        for key, value in longrope_parameters(merged, raw).items():
+        for key, value in longrope_parameters(merged, raw, rotary_dim).items():
             setattr(rope, key, value)
         return rope
     try:

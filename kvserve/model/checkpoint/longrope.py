@@ -28,8 +28,11 @@ ROPE_TYPE_ALIASES = {"Phi3ForCausalLM": {"su": "longrope", "yarn": "longrope"}}
 """Older rope type names an architecture's config class renames (Phi3Config's rule)."""
 
 
-def longrope_parameters(merged: dict[str, Any], raw: dict[str, Any]) -> dict[str, Any]:
-    """The RopeConfig fields of a longrope config (`merged`: its rope parameters)."""
+def longrope_parameters(
+    merged: dict[str, Any], raw: dict[str, Any], rotary_dim: int
+) -> dict[str, Any]:
+    """The RopeConfig fields of a longrope config (`merged`: its rope parameters); each
+    factor list holds one factor per rotated pair (`rotary_dim` / 2; 0: unchecked)."""
     original = merged.get("original_max_position_embeddings") or raw.get(
         "original_max_position_embeddings"
     )
@@ -43,6 +46,11 @@ def longrope_parameters(merged: dict[str, Any], raw: dict[str, Any]) -> dict[str
         value = merged.get(key)
         if not isinstance(value, list) or not value:
             raise ModelLoadError(f"rope scaling 'longrope' needs a list {key!r}, got {value!r}")
+        if rotary_dim and len(value) != rotary_dim // 2:
+            raise ModelLoadError(
+                f"rope scaling 'longrope' needs {rotary_dim // 2} {key} values (one per "
+                f"rotated pair of {rotary_dim} dims), got {len(value)}"
+            )
         factors[key] = tuple(float(v) for v in value)
     factor = merged.get("factor")
     if factor is None:
