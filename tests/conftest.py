@@ -22,7 +22,6 @@ import torch
 import transformers
 
 from tests._shared import saved_once, shared_dir
-from tests.model.dense_archs import DENSE_ARCHS, liven
 
 # Tiny models: one thread is fastest, and immune to a machine busy with other work.
 torch.set_num_threads(1)
@@ -30,6 +29,9 @@ if not torch.cuda.is_available():
     # The "triton" backend's kernels run in Triton's interpreter on the CPU; it must be on
     # before triton is first imported (its own library functions are defined then).
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# Its transformers classes load their modeling code (triton with it): after the line above.
+from tests.model.dense_archs import DENSE_ARCHS, liven  # noqa: E402
 
 COMMON = dict(
     hidden_size=64,
