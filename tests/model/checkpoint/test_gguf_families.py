@@ -25,9 +25,15 @@ from kvserve import LLM, SamplingParams
 from kvserve.model import ModelLoadError
 from kvserve.model.checkpoint.config import load_model_config
 from kvserve.model.checkpoint.gguf_config import ARCHITECTURES
+from kvserve.model.quant.quant_linear import Int4Linear
 from tests.conftest import COMMON
 from tests.model.dense_archs import DENSE_ARCHS
 from tests.model.gguf_files import greedy, reference_model, write_gguf
+from tests.model.quant.test_quantization import (
+    assert_runs_its_packed_weights,
+    logits_of,
+    runner_for,
+)
 
 NEW = 16
 GREEDY = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True)
@@ -121,3 +127,20 @@ def test_an_unsupported_architecture_lists_exactly_those_kvserve_runs(tmp_path):
     supported = ", ".join(ARCHITECTURES)
     assert str(info.value) == f"GGUF architecture 'gpt2' is not supported; supported: {supported}"
     assert set(ARCHITECTURES) == {"gemma3", "llama", "phi3", "qwen2", "qwen3"}
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "phi3"])
+def test_gguf_mode_keeps_the_4bit_blocks(tmp_path, arch):
+    """quantization='gguf': Q4_0 blocks go to the int4 kernel as they are (Phi-3's stored
+    fused qkv and gate/up too; Gemma's k and v, too short to stack, one by one), and the
+    model runs its packed weights (test_quantization.py's bounds against the same file
+    dequantized)."""
+    path = tmp_path / f"{arch}.gguf"
+    write_gguf(gemma3() if arch == "gemma3" else dense("phi3"), path, T.Q4_0)
+    reference = logits_of(runner_for(path))
+    runner = runner_for(path, "gguf")
+    for layer in runner.model.model.layers:  # Gemma's 32-row k and v run side by side
+        modules = list(layer.modules())
+        assert not any(isinstance(m, torch.nn.Linear) for m in modules), arch
+        assert sum(isinstance(m, Int4Linear) for m in modules) >= 4, arch
+    assert_runs_its_packed_weights(runner, reference, "int4")
