@@ -10,6 +10,7 @@ tests/model/dense_archs.py.
 import pytest
 import torch
 from hybrid_rounds import MODES, tokens, two_rounds
+from test_identical_prompts import check_lengths
 
 from kvserve import LLM, SamplingParams
 from kvserve.kvcache.specs import FullAttentionSpec, SlidingWindowSpec
@@ -82,3 +83,13 @@ def test_window_groups_hold_only_the_window(dense_checkpoints):
     assert 0 < max(held) <= 3  # a window of 5 over blocks of 4 spans at most 3 blocks
     out = mistral.generate([p], GREEDY, use_tqdm=False)
     assert tokens(out) == [dense_checkpoints["mistral"].reference(p, NEW)]
+
+
+@pytest.mark.parametrize("arch", ["mistral", "gemma2"])
+def test_identical_prompts_are_computed_and_stored_once(dense_checkpoints, arch):
+    """Invariant 7 under windows (tests/engine/test_identical_prompts.py's check): copies in
+    one step, cold and cached, `n` > 1, around block boundaries and past the window."""
+    ck = dense_checkpoints[arch]
+    llm = LLM(ck.path, block_size=4, num_kv_blocks=400, dtype="float32", device="cpu",
+              num_threads=1)  # fmt: skip
+    check_lengths(llm, ck, [4, 9, 17])
