@@ -1,10 +1,11 @@
 """The engine on the test device (CUDA; tests/_device.py): the CPU's oracle tests again.
 
 float32 greedy tokens equal transformers' (run on the CPU) for Llama, Qwen2,
-Qwen3, Gemma 3 and Bamba, with prefix caching (and hits), without it, with
-chunked prefill and under preemption; bfloat16 runs end to end with prefix
-hits. The prompts, options and checks are those of the CPU tests
-(test_llm, test_gemma3, test_bamba_engine, hybrid_rounds); only the device
+Qwen3, Gemma 3, Bamba, Mistral, Phi-3 and Gemma 2, with prefix caching (and
+hits), without it, with chunked prefill and under preemption; bfloat16 runs end
+to end with prefix hits. The prompts, options and checks are those of the CPU
+tests (test_llm, test_gemma3, test_bamba_engine, test_dense_families,
+hybrid_rounds); only the device
 differs. Each runs on the plain attention backend and on the Triton one, with its
 decode CUDA graphs (Bamba: eager, its Mamba layers have none) and without them
 (enforce_eager). `KVSERVE_TEST_DEVICE=cpu` runs this file on the CPU (Triton in its
@@ -19,6 +20,7 @@ from types import ModuleType
 
 import pytest
 import test_bamba_engine
+import test_dense_families
 import test_gemma3
 import test_llm
 from _device import DEVICE, exact_float32, needs_device  # noqa: F401 (a fixture)
@@ -43,6 +45,10 @@ FAMILIES = {
     "qwen3": Family(test_llm, "checkpoints", 24),
     "gemma3": Family(test_gemma3, "gemma3_checkpoint", 100),
     "bamba": Family(test_bamba_engine, "bamba_checkpoint", 14),
+    # Preemption without a chunked prefill: a pool that holds the longest prompt whole.
+    "mistral": Family(test_dense_families, "dense_checkpoints", 12),
+    "phi3": Family(test_dense_families, "dense_checkpoints", 20),
+    "gemma2": Family(test_dense_families, "dense_checkpoints", 30),
 }
 
 
