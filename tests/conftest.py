@@ -30,6 +30,9 @@ if not torch.cuda.is_available():
     # before triton is first imported (its own library functions are defined then).
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Its transformers classes load their modeling code (triton with it): after the line above.
+from tests.model.dense_archs import DENSE_ARCHS, liven  # noqa: E402
+
 COMMON = dict(
     hidden_size=64,
     intermediate_size=128,
@@ -151,7 +154,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def build_checkpoint(arch: str, path: Path) -> transformers.PreTrainedModel:
     """The model, saved at `path` unless another worker saved it there: then loaded from it."""
-    config_cls, model_cls, extra, save_kwargs = {**ARCHS, **HYBRID_ARCHS}[arch]
+    config_cls, model_cls, extra, save_kwargs = {**ARCHS, **HYBRID_ARCHS, **DENSE_ARCHS}[arch]
     config = config_cls(**{**COMMON, **extra})
     return saved_once(
         path,
@@ -164,6 +167,7 @@ def build_checkpoint(arch: str, path: Path) -> transformers.PreTrainedModel:
 def build_model(arch: str, config, model_cls) -> transformers.PreTrainedModel:
     torch.manual_seed(0)
     model = model_cls(config).eval()
+    liven(arch, model)
     if arch in HYBRID_ARCHS:
         # Gemma norms start at zero (scale 1 + w): random ones test the (1 + w) scaling.
         # Bamba's per-head dt_bias, A_log and D start regular: random ones test their use.
@@ -224,6 +228,12 @@ def gemma3_3groups_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Check
 @pytest.fixture(scope="session")
 def bamba_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Checkpoint:
     return shared_checkpoint(tmp_path_factory, "bamba")
+
+
+@pytest.fixture(scope="session")
+def dense_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Checkpoint]:
+    """Mistral, Phi-3 and Gemma 2 (tests/model/dense_archs.py), built on first use."""
+    return {arch: shared_checkpoint(tmp_path_factory, arch) for arch in DENSE_ARCHS}
 
 
 @pytest.fixture(params=sorted(ARCHS))

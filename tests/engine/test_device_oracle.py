@@ -1,12 +1,12 @@
 """The engine on the test device (CUDA; tests/_device.py): the CPU's oracle tests again.
 
 float32 greedy tokens equal transformers' (run on the CPU) for Llama, Qwen2,
-Qwen3, Gemma 3, Bamba and the mixture-of-experts families (Qwen3-MoE, Qwen2-MoE, Mixtral,
-OLMoE), with prefix caching (and hits), without it, with chunked prefill and
-under preemption; bfloat16 runs end to end with prefix hits. The prompts,
-options and checks are those of the CPU tests (test_llm, test_gemma3,
-test_bamba_engine, test_moe_engine, hybrid_rounds); only the device differs.
-Each runs on the plain attention backend and on the Triton one, with its
+Qwen3, Gemma 3, Bamba, Mistral, Phi-3, Gemma 2 and the mixture-of-experts families
+(Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE), with prefix caching (and hits), without it,
+with chunked prefill and under preemption; bfloat16 runs end to end with prefix hits.
+The prompts, options and checks are those of the CPU tests (test_llm, test_gemma3,
+test_bamba_engine, test_dense_families, test_moe_engine, hybrid_rounds); only the
+device differs. Each runs on the plain attention backend and on the Triton one, with its
 decode CUDA graphs (Bamba: eager, its Mamba layers have none) and without them
 (enforce_eager). `KVSERVE_TEST_DEVICE=cpu` runs this file on the CPU (Triton in its
 interpreter, no graphs).
@@ -20,6 +20,7 @@ from types import ModuleType
 
 import pytest
 import test_bamba_engine
+import test_dense_families
 import test_gemma3
 import test_llm
 import test_moe_engine
@@ -49,6 +50,10 @@ FAMILIES = {
         arch: Family(test_moe_engine, "moe_checkpoints", test_moe_engine.PREEMPT_BLOCKS)
         for arch in ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
     },
+    # Preemption without a chunked prefill: a pool that holds the longest prompt whole.
+    "mistral": Family(test_dense_families, "dense_checkpoints", 12),
+    "phi3": Family(test_dense_families, "dense_checkpoints", 20),
+    "gemma2": Family(test_dense_families, "dense_checkpoints", 30),
 }
 
 

@@ -125,6 +125,7 @@ CASES = [
     ("shared-prefix", ("full", "sliding:20"), 90, 8, True),
     ("multi-turn", ("full", "sliding:33"), 60, 8, False),
     ("random", ("full", "sliding:16", "sliding:40"), 150, 8, True),
+    ("multi-turn", ("sliding:20",), 40, 8, True),  # Mistral: every layer slides, no anchor
     ("shared-prefix", ("full", "full"), 60, 8, True),
     ("shared-prefix", MAMBA, None, 4, True),
     ("shared-prefix", MAMBA, 70, 4, False),

@@ -37,10 +37,13 @@ K_QUANT_SCALES = {
 """Scales that keep random blocks' values within about +-0.5, like the other weights."""
 GGUF_ARCH = {
     "llama": "llama",
+    "mistral": "llama",  # llama.cpp converts Mistral checkpoints as llama files
     "qwen2": "qwen2",
     "qwen3": "qwen3",
     "qwen2_moe": "qwen2moe",
     "qwen3_moe": "qwen3moe",
+    "gemma3_text": "gemma3",
+    "phi3": "phi3",
 }
 
 TypeChoice = T | Callable[[str], T]
@@ -106,11 +109,14 @@ def write_gguf(
     (`split_max_tensors` writes a sharded model).
     """
     config = model.config
-    arch = arch or GGUF_ARCH[config.model_type]
+    family = GGUF_ARCH[config.model_type]
+    arch = arch or family
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     rope = dict(config.rope_parameters)
+    rope = dict(rope.get("full_attention", rope))  # Gemma 3: the global layers' rope
     writer = gguf.GGUFWriter(str(path), arch, **writer_kwargs)
+    writer.add_name(config.model_type)
     writer.add_block_count(config.num_hidden_layers)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
@@ -119,15 +125,16 @@ def write_gguf(
     writer.add_head_count_kv(kv_heads)
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
-    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))
     writer.add_rope_freq_base(rope["rope_theta"])
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_vocab_size(config.vocab_size)
+    family_metadata(writer, config, rope)
     if extra is not None:
         extra(writer)
     if rope.get("rope_type") == "llama3":
         writer.add_tensor("rope_freqs.weight", llama3_rope_freqs(rope, head_dim))
-    arch_id = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == GGUF_ARCH[config.model_type])
+    arch_id = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == family)
     names = gguf.get_tensor_name_map(arch_id, config.num_hidden_layers)
     rng = np.random.default_rng(seed)
     reference: dict[str, torch.Tensor] = {}
@@ -138,7 +145,9 @@ def write_gguf(
         name = f"{names.get_name(base)}.{suffix}"
         array = tensor.float().numpy()
         rows = np.arange(array.shape[0])
-        if config.model_type == "llama" and (".q_proj." in hf_name or ".k_proj." in hf_name):
+        if family == "gemma3" and hf_name.endswith("norm.weight"):
+            array = array + np.float32(1.0)  # the converter stores Gemma's 1 + weight
+        if family == "llama" and (".q_proj." in hf_name or ".k_proj." in hf_name):
             n = heads if ".q_proj." in hf_name else kv_heads
             array, rows = converter_permute(array, n), converter_permute(rows, n)
         qtype = types(name) if callable(types) else types
@@ -148,6 +157,8 @@ def write_gguf(
         else:
             stored, decoded = encode(array, qtype, rng)
         writer.add_tensor(name, stored, raw_dtype=None if stored.dtype.kind == "f" else qtype)
+        if family == "gemma3" and hf_name.endswith("norm.weight"):
+            decoded = decoded - np.float32(1.0)
         restored = np.empty_like(decoded)
         restored[rows] = decoded  # file row r holds the model's row rows[r]
         reference[hf_name] = torch.from_numpy(restored)
@@ -156,6 +167,28 @@ def write_gguf(
     writer.write_tensors_to_file()
     writer.close()
     return reference
+
+
+def family_metadata(writer: gguf.GGUFWriter, config: Any, rope: dict[str, Any]) -> None:
+    """What llama.cpp's converter writes for Mistral, Gemma 3 and Phi-3 beyond the shared
+    keys: windows, Gemma's final soft-cap, Phi-3's original context and longrope factors
+    (tensors, with the attention factor the converter derives)."""
+    window = getattr(config, "sliding_window", None)
+    if config.model_type in ("mistral", "gemma3_text", "phi3") and window:
+        writer.add_sliding_window(window)
+    if config.model_type == "gemma3_text" and config.final_logit_softcapping is not None:
+        writer.add_final_logit_softcapping(config.final_logit_softcapping)
+    if config.model_type == "phi3":
+        original = rope.get("original_max_position_embeddings") or config.max_position_embeddings
+        writer.add_rope_scaling_orig_ctx_len(original)
+        if rope.get("rope_type") == "longrope":
+            scale = config.max_position_embeddings / original
+            writer.add_rope_scaling_attn_factors(
+                math.sqrt(1 + math.log(scale) / math.log(original))
+            )
+            for key in ("long", "short"):
+                factors = np.array(rope[f"{key}_factor"], dtype=np.float32)
+                writer.add_tensor(f"rope_factors_{key}.weight", factors)
 
 
 def reference_model(model: Any, state: dict[str, torch.Tensor]) -> Any:

@@ -64,10 +64,10 @@ def any_checkpoint(request, checkpoints, gemma3_checkpoint, bamba_checkpoint):
     return extra.get(request.param) or checkpoints[request.param]
 
 
-def test_cpu_tier_serves_what_the_pool_evicted(any_checkpoint):
-    ck = any_checkpoint
+def assert_cpu_tier_serves_what_the_pool_evicted(ck, pool: int) -> tuple[LLM, list]:
+    """Both rounds equal transformers; the second loads from the tier: (the LLM, the tokens)."""
     expected = [ck.reference(p, NEW) for p in PROMPTS]
-    llm = make(ck.path, num_kv_blocks=small_pool(ck.arch), offload="cpu:64MiB")
+    llm = make(ck.path, num_kv_blocks=pool, offload="cpu:64MiB")
     first, second = two_rounds(llm)
     assert tokens(first) == expected
     assert tokens(second) == expected
@@ -75,10 +75,16 @@ def test_cpu_tier_serves_what_the_pool_evicted(any_checkpoint):
     assert stats["external_hit_tokens"] > 0
     assert stats["offload_bytes_loaded"] > 0 and stats["offload_bytes_saved"] > 0
     assert sum(o.num_cached_tokens for o in second) >= stats["external_hit_tokens"] // 2
+    return llm, expected
+
+
+def test_cpu_tier_serves_what_the_pool_evicted(any_checkpoint):
+    ck = any_checkpoint
+    llm, expected = assert_cpu_tier_serves_what_the_pool_evicted(ck, small_pool(ck.arch))
     plain = make(ck.path, num_kv_blocks=small_pool(ck.arch))
     _, p_second = two_rounds(plain)
     assert tokens(p_second) == expected
-    assert stats["prefill_tokens_computed"] < plain.stats()["prefill_tokens_computed"]
+    assert llm.stats()["prefill_tokens_computed"] < plain.stats()["prefill_tokens_computed"]
     assert llm.engine.manager.pool.num_used == 0
     llm.shutdown()
 

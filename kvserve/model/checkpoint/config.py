@@ -18,16 +18,22 @@ from typing import Any
 from kvserve.model.checkpoint.errors import ModelLoadError
 from kvserve.model.checkpoint.gguf_config import gguf_config_dicts
 from kvserve.model.checkpoint.gguf_file import open_gguf
+from kvserve.model.checkpoint.layer_windows import layer_windows
+from kvserve.model.checkpoint.longrope import ROPE_TYPE_ALIASES, longrope_parameters
 from kvserve.model.checkpoint.resolve import resolve_checkpoint
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
-SLIDING_WINDOW_ARCHITECTURES = ("Gemma3ForCausalLM",)
-"""Architectures whose sliding-window layers run in sliding-window KV cache groups."""
-TIED_BY_DEFAULT = ("Gemma3ForCausalLM",)
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
+TIED_BY_DEFAULT = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 """Architectures whose config class defaults tie_word_embeddings to True."""
-ACTIVATIONS = {"Gemma3ForCausalLM": ("gelu_pytorch_tanh",)}
+ACTIVATIONS = {
+    "Gemma2ForCausalLM": ("gelu_pytorch_tanh",),
+    "Gemma3ForCausalLM": ("gelu_pytorch_tanh",),
+}
 """Per architecture, the MLP activations it runs (default: 'silu' only)."""
 MAMBA_HYBRID_ARCHITECTURES = ("BambaForCausalLM",)
+PARTIAL_ROTARY_DEFAULTS = {"BambaForCausalLM": 0.5, "Phi3ForCausalLM": None}
+"""Architectures that rotate only part of each head: the factor when the rope parameters
+omit it (None: the config's top-level `partial_rotary_factor`, else 1)."""
 """Architectures whose layers are Mamba2 mixers or attention (`attn_layer_indices`)."""
 DEFAULT_RMS_NORM_EPS = {"BambaForCausalLM": 1e-5}
 """Per architecture, rms_norm_eps when config.json omits it (default 1e-6)."""
@@ -44,6 +50,11 @@ class RopeConfig:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    short_factor: tuple[float, ...] = ()
+    """longrope: per-frequency divisors inside the original context, `long_factor` past it."""
+    long_factor: tuple[float, ...] = ()
+    attention_factor: float = 1.0
+    """cos and sin are multiplied by it (longrope)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,18 +143,14 @@ class ModelConfig:
         if act not in allowed:
             raise ModelLoadError(f"hidden_act {act!r} is not supported (only {allowed})")
         num_layers = _required(raw, "num_hidden_layers")
-        if arch in SLIDING_WINDOW_ARCHITECTURES:
-            layer_windows = _layer_windows(raw, num_layers)
-        else:
-            _reject_sliding_window(raw)
-            layer_windows = []
         layer_kinds = ["attention"] * num_layers
         mamba = None
         partial = 1.0
         if arch in MAMBA_HYBRID_ARCHITECTURES:
             layer_kinds = _hybrid_layer_kinds(raw, num_layers)
             mamba = _mamba_config(raw, hidden)
-            partial = _partial_rotary_factor(raw, head_dim)
+        if arch in PARTIAL_ROTARY_DEFAULTS:
+            partial = _partial_rotary_factor(raw, head_dim, PARTIAL_ROTARY_DEFAULTS[arch])
         eos = _token_ids((generation or {}).get("eos_token_id"))
         if not eos:
             eos = _token_ids(raw.get("eos_token_id"))
@@ -158,7 +165,7 @@ class ModelConfig:
             head_dim=head_dim,
             rms_norm_eps=float(raw.get("rms_norm_eps", DEFAULT_RMS_NORM_EPS.get(arch, 1e-6))),
             max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
-            rope=_rope_config(raw, allow_partial=partial != 1.0),
+            rope=_rope_config(raw, arch in PARTIAL_ROTARY_DEFAULTS, arch, int(head_dim * partial)),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", arch in TIED_BY_DEFAULT)),
             attention_bias=bool(raw.get("attention_bias", False)),
             mlp_bias=bool(raw.get("mlp_bias", False)),
@@ -166,7 +173,7 @@ class ModelConfig:
             bos_token_id=raw.get("bos_token_id"),
             checkpoint_dtype=raw.get("torch_dtype") or raw.get("dtype"),
             hidden_act=act,
-            layer_windows=layer_windows,
+            layer_windows=layer_windows(raw, arch, num_layers),
             layer_kinds=layer_kinds,
             mamba=mamba,
             partial_rotary_factor=partial,
@@ -232,42 +239,9 @@ def _token_ids(value: Any) -> set[int]:
     return {int(v) for v in value}
 
 
-def _reject_sliding_window(raw: dict[str, Any]) -> None:
-    """Sliding-window layers need their own KV group; refuse rather than run them wrong."""
-    layer_types = raw.get("layer_types") or []
-    sliding = any(t != "full_attention" for t in layer_types)
-    if not layer_types and raw.get("use_sliding_window") and raw.get("sliding_window"):
-        sliding = True
-    if sliding:
-        raise ModelLoadError(
-            "sliding-window attention layers are not supported yet "
-            f"(layer_types={sorted(set(layer_types)) or 'use_sliding_window'})"
-        )
-
-
-def _layer_windows(raw: dict[str, Any], num_layers: int) -> list[int | None]:
-    """Per-layer windows from `layer_types` (or the older `sliding_window_pattern`)."""
-    types = raw.get("layer_types")
-    if not types:
-        pattern = int(raw.get("sliding_window_pattern") or 6)
-        types = [
-            "sliding_attention" if (i + 1) % pattern else "full_attention"
-            for i in range(num_layers)
-        ]
-    if len(types) != num_layers:
-        raise ModelLoadError(f"layer_types has {len(types)} entries for {num_layers} layers")
-    unknown = set(types) - {"sliding_attention", "full_attention"}
-    if unknown:
-        raise ModelLoadError(f"layer types {sorted(unknown)} are not supported")
-    window = raw.get("sliding_window")
-    if "sliding_attention" in types and (not isinstance(window, int) or window < 1):
-        raise ModelLoadError(f"sliding layers need a positive 'sliding_window', got {window!r}")
-    if raw.get("use_bidirectional_attention"):
-        raise ModelLoadError("use_bidirectional_attention is not supported")
-    return [window if t == "sliding_attention" else None for t in types]
-
-
-def _rope_config(raw: dict[str, Any], allow_partial: bool = False) -> RopeConfig:
+def _rope_config(
+    raw: dict[str, Any], allow_partial: bool = False, arch: str = "", rotary_dim: int = 0
+) -> RopeConfig:
     """Accept both `rope_parameters` (transformers 5) and `rope_theta` + `rope_scaling`.
 
     A partial rotary factor is refused unless the architecture applies it (`allow_partial`):
@@ -278,6 +252,7 @@ def _rope_config(raw: dict[str, Any], allow_partial: bool = False) -> RopeConfig
     merged = {**scaling, **params}
     theta = float(merged.get("rope_theta", raw.get("rope_theta", 10000.0)))
     kind = merged.get("rope_type") or merged.get("type") or "default"
+    kind = ROPE_TYPE_ALIASES.get(arch, {}).get(kind, kind)
     if kind not in SUPPORTED_ROPE_TYPES:
         raise ModelLoadError(
             f"rope scaling type {kind!r} is not supported; supported: {SUPPORTED_ROPE_TYPES}"
@@ -286,6 +261,10 @@ def _rope_config(raw: dict[str, Any], allow_partial: bool = False) -> RopeConfig
         raise ModelLoadError("partial_rotary_factor != 1 is not supported")
     rope = RopeConfig(theta=theta, scaling_type=kind)
     if kind == "default":
+        return rope
+    if kind == "longrope":
+        for key, value in longrope_parameters(merged, raw, rotary_dim).items():
+            setattr(rope, key, value)
         return rope
     try:
         rope.factor = float(merged["factor"])
@@ -301,15 +280,13 @@ def _rope_config(raw: dict[str, Any], allow_partial: bool = False) -> RopeConfig
     return rope
 
 
-BAMBA_PARTIAL_ROTARY_FACTOR = 0.5
-"""transformers' BambaConfig forces this whatever a top-level `partial_rotary_factor` says;
-only an explicit `rope_parameters` (or `rope_scaling`) entry overrides it."""
-
-
-def _partial_rotary_factor(raw: dict[str, Any], head_dim: int) -> float:
-    """Bamba's factor, read the way transformers reads it (see BAMBA_PARTIAL_ROTARY_FACTOR)."""
+def _partial_rotary_factor(raw: dict[str, Any], head_dim: int, default: float | None) -> float:
+    """The factor as transformers reads it: an explicit `rope_parameters` (or `rope_scaling`)
+    entry first; else `default` (BambaConfig forces 0.5 whatever the top level says), else
+    (None) the top-level `partial_rotary_factor`, else 1 (Phi3Config)."""
     merged = {**(raw.get("rope_scaling") or {}), **(raw.get("rope_parameters") or {})}
-    factor = float(merged.get("partial_rotary_factor", BAMBA_PARTIAL_ROTARY_FACTOR))
+    fallback = default if default is not None else raw.get("partial_rotary_factor", 1.0)
+    factor = float(merged.get("partial_rotary_factor", fallback))
     rotary = int(head_dim * factor)
     if not 0.0 < factor <= 1.0 or rotary < 2 or rotary % 2:
         raise ModelLoadError(

@@ -6,7 +6,9 @@ very code that reads Hugging Face checkpoints: one ModelConfig, one set of
 rules, one set of error messages. What GGUF keeps outside its metadata is
 derived from the tensors: tied embeddings (no output.weight), Llama's
 optional biases, the vocabulary size (the embedding's rows), Llama 3 rope
-scaling (rope_freqs, see kvserve.model.checkpoint.gguf_rope).
+scaling (rope_freqs, see kvserve.model.checkpoint.gguf_rope). Each family's own
+fields (windows, Gemma's and Phi-3's settings) come from
+kvserve.model.checkpoint.gguf_families.
 """
 
 from __future__ import annotations
@@ -16,20 +18,24 @@ from typing import Any
 from gguf import GGUFReader
 
 from kvserve.model.checkpoint.errors import ModelLoadError
+from kvserve.model.checkpoint.gguf_families import family_fields
 from kvserve.model.checkpoint.gguf_file import array_length, field
 from kvserve.model.checkpoint.gguf_moe import gguf_moe_fields
 from kvserve.model.checkpoint.gguf_rope import rope_scaling
 
+STOP_TOKEN_KEYS = ("eos_token_id", "eot_token_id", "eom_token_id")
+"""llama.cpp ends generation at any of these (end of sequence, of turn, of message)."""
 ARCHITECTURES = {
+    "gemma3": "Gemma3ForCausalLM",
     "llama": "LlamaForCausalLM",
+    "phi3": "Phi3ForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "qwen2moe": "Qwen2MoeForCausalLM",
     "qwen3moe": "Qwen3MoeForCausalLM",
 }
-"""GGUF's `general.architecture` -> the Hugging Face architecture kvserve runs it as."""
-STOP_TOKEN_KEYS = ("eos_token_id", "eot_token_id", "eom_token_id")
-"""llama.cpp ends generation at any of these (end of sequence, of turn, of message)."""
+"""GGUF's `general.architecture` -> the Hugging Face architecture kvserve runs it as (a llama
+file with a sliding window runs as Mistral: kvserve.model.checkpoint.gguf_families)."""
 TOKENIZER_MODEL_KEY = "tokenizer.ggml.model"
 """Present (gpt2, llama, ...) when the file carries a tokenizer."""
 TOKENIZER_MODEL_FIELD = "gguf_tokenizer_model"
@@ -65,12 +71,6 @@ def gguf_config_dicts(reader: GGUFReader) -> tuple[dict[str, Any], dict[str, Any
         raise ModelLoadError(
             f"attention.key_length {head_dim} != attention.value_length {value_dim}: not supported"
         )
-    rotary = meta("rope.dimension_count") or head_dim
-    if rotary != head_dim:
-        raise ModelLoadError(
-            f"partial rotary embedding (rope.dimension_count {rotary} of head dim {head_dim}) "
-            "is not supported"
-        )
     theta = float(meta("rope.freq_base", 10000.0))
     raw: dict[str, Any] = {
         "architectures": [ARCHITECTURES[arch]],
@@ -95,6 +95,7 @@ def gguf_config_dicts(reader: GGUFReader) -> tuple[dict[str, Any], dict[str, Any
     scaling = rope_scaling(reader, arch, theta, head_dim)
     if scaling is not None:
         raw["rope_scaling"] = scaling
+    raw.update(family_fields(arch, meta, tensors, raw))
     stops = [field(reader, f"tokenizer.ggml.{key}") for key in STOP_TOKEN_KEYS]
     generation = {"eos_token_id": sorted({t for t in stops if t is not None})}
     return raw, generation

@@ -1,18 +1,21 @@
 """A GGUF file's tensors as the model's parameters: names, dequantization, q/k rows.
 
-Three things differ from a Hugging Face checkpoint, and each is undone here:
+Four things differ from a Hugging Face checkpoint, and each is undone here:
 
 - names: llama.cpp's `blk.N.attn_q.weight` is transformers'
   `model.layers.N.self_attn.q_proj.weight` (kvserve uses transformers' names);
 - types: quantized blocks are dequantized with gguf-py's reference numpy
   code (`gguf.quants.dequantize`), one tensor at a time, and converted to the
   engine's dtype: the only full copy of the weights is the model's own;
+- Gemma's norm weights: the converter stores 1 + weight (llama.cpp's RMSNorm
+  multiplies by the weight itself), kvserve's Gemma norms scale by 1 + weight;
 - q/k rows of Llama-family models: transformers' rope rotates the two halves
   of a head (dim i with dim i + d/2), ggml's default rope rotates adjacent
   pairs (2i with 2i + 1), so llama.cpp's converter reorders the rows of q and
   k (and their biases) head by head to make one the other. kvserve rotates
   halves, so the rows go back. Qwen2 and Qwen3 run ggml's "neox" rope, which
-  rotates halves already: their rows are stored as they are.
+  rotates halves already: their rows are stored as they are (so do Gemma 3 and
+  Phi-3). Mistral files are Llama files, reordered alike.
 
 Every name, shape and tensor type is checked before the first tensor is
 dequantized, so a bad file fails before anything is built.
@@ -30,6 +33,8 @@ from gguf.quants import dequantize
 from kvserve.model.checkpoint.config import ModelConfig
 from kvserve.model.checkpoint.errors import ModelLoadError
 from kvserve.model.checkpoint.gguf_moe import expert_tensors
+from kvserve.model.checkpoint.gguf_families import ROPE_FACTORS, WINDOWED_LLAMA
+from kvserve.model.checkpoint.gguf_file import field
 from kvserve.model.checkpoint.weight_check import check_weights
 
 T = GGMLQuantizationType
@@ -69,22 +74,36 @@ LAYER_NAMES = {
     "ffn_down": "mlp.down_proj",
 }
 """`blk.N.<key>.weight|bias` -> `model.layers.N.<value>.weight|bias`."""
+FAMILY_LAYER_NAMES = {
+    "gemma3": {
+        **LAYER_NAMES,
+        "post_attention_norm": "post_attention_layernorm",
+        "ffn_norm": "pre_feedforward_layernorm",
+        "post_ffw_norm": "post_feedforward_layernorm",
+    },
+    "phi3": {**LAYER_NAMES, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
+}
+"""Where a GGUF architecture's layer names differ: Gemma's four norms; Phi-3's fused
+q/k/v and gate/up (its `ffn_up` holds the gate rows, then the up rows)."""
 LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
-NOT_WEIGHTS = ("rope_freqs.weight",)
+NOT_WEIGHTS = ("rope_freqs.weight", *ROPE_FACTORS)
 """Tensors that describe the model rather than hold weights (read by gguf_config)."""
-PERMUTED_ARCHITECTURES = ("LlamaForCausalLM", "MixtralForCausalLM")
+PERMUTED_ARCHITECTURES = ("LlamaForCausalLM", "MixtralForCausalLM", WINDOWED_LLAMA)
 """Architectures whose q/k rows llama.cpp's converter reorders for ggml's rope."""
+NORM_PLUS_ONE_ARCHITECTURES = ("Gemma3ForCausalLM",)
+"""Gemma scales by (1 + weight); llama.cpp's converter stores 1 + weight, which we undo."""
 
 
-def model_name(gguf_name: str) -> str | None:
+def model_name(gguf_name: str, gguf_arch: str = "llama") -> str | None:
     """kvserve's (transformers') name of a GGUF tensor, or None for a name it does not know."""
     if gguf_name in GLOBAL_NAMES:
         return GLOBAL_NAMES[gguf_name]
+    names = FAMILY_LAYER_NAMES.get(gguf_arch, LAYER_NAMES)
     match = LAYER_TENSOR.fullmatch(gguf_name)
-    if match is None or match.group(2) not in LAYER_NAMES:
+    if match is None or match.group(2) not in names:
         return None
     layer, key, kind = match.groups()
-    return f"model.layers.{layer}.{LAYER_NAMES[key]}.{kind}"
+    return f"model.layers.{layer}.{names[key]}.{kind}"
 
 
 def gguf_state_dict(
@@ -101,6 +120,8 @@ def gguf_state_dict(
         heads = permuted_heads(name, config)
         if heads is not None:
             array = unpermute_rows(array, heads)
+        if config.architecture in NORM_PLUS_ONE_ARCHITECTURES and name.endswith("norm.weight"):
+            array = array - np.float32(1.0)
         state[name] = torch.from_numpy(array).to(device=device, dtype=dtype)
     return state
 
@@ -112,6 +133,7 @@ def locate_tensors(
     located: dict[str, ReaderTensor] = {}
     shapes: dict[str, tuple[int, ...]] = {}
     unexpected: list[str] = []
+    gguf_arch = field(reader, "general.architecture")
     for tensor in reader.tensors:
         if tensor.name in NOT_WEIGHTS:
             continue
@@ -120,7 +142,7 @@ def locate_tensors(
             located.update(experts)
             shapes.update((name, tensor_shape(part)) for name, part in experts)
             continue
-        name = model_name(tensor.name)
+        name = model_name(tensor.name, gguf_arch)
         if name is None or name not in expected:
             unexpected.append(tensor.name)
             continue

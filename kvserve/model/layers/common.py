@@ -66,9 +66,17 @@ class GatedMLP(nn.Module):
         return nn.functional.silu(gate)
 
 
-def rope_inv_freq(rope: RopeConfig, head_dim: int, device: torch.device) -> torch.Tensor:
-    """Inverse frequencies of the rotary embedding, with linear or Llama 3.1 scaling."""
+def rope_inv_freq(
+    rope: RopeConfig, head_dim: int, device: torch.device, divisors: tuple[float, ...] = ()
+) -> torch.Tensor:
+    """Inverse frequencies of the rotary embedding, with linear or Llama 3.1 scaling, or
+    longrope's per-frequency `divisors`."""
     exponents = torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim
+    if divisors:
+        if len(divisors) != head_dim // 2:
+            raise ValueError(f"{len(divisors)} longrope factors for {head_dim} rotary dims")
+        factors = torch.tensor(divisors, dtype=torch.float32, device=device)
+        return 1.0 / (factors * rope.theta**exponents)
     inv_freq = 1.0 / (rope.theta**exponents)
     if rope.scaling_type == "linear":
         return inv_freq / rope.factor
@@ -90,16 +98,33 @@ def rope_inv_freq(rope: RopeConfig, head_dim: int, device: torch.device) -> torc
 
 
 class RotaryEmbedding:
-    """cos/sin tables for arbitrary positions (a batch mixes many sequences)."""
+    """cos/sin tables for arbitrary positions (a batch mixes many sequences).
+
+    longrope (kvserve.model.checkpoint.longrope) keeps two frequency sets and picks one per
+    token by its position; its attention factor scales cos and sin.
+    """
 
     def __init__(self, rope: RopeConfig, head_dim: int, device: torch.device) -> None:
-        self.inv_freq = rope_inv_freq(rope, head_dim, device)
+        self.long_inv_freq: torch.Tensor | None = None
+        self.attention_factor = rope.attention_factor
+        self.original_max_position = rope.original_max_position_embeddings
+        if rope.scaling_type == "longrope":
+            self.inv_freq = rope_inv_freq(rope, head_dim, device, rope.short_factor)
+            self.long_inv_freq = rope_inv_freq(rope, head_dim, device, rope.long_factor)
+        else:
+            self.inv_freq = rope_inv_freq(rope, head_dim, device)
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
         """[T, 1, rotary_dim] cos and signed sin (-sin on the first half) for the given
         token positions: built once per step, for every layer and head (`apply_rotary`)."""
-        freqs = positions[:, None, None].float() * self.inv_freq
+        inv_freq = self.inv_freq
+        if self.long_inv_freq is not None:
+            past = (positions >= self.original_max_position)[:, None, None]
+            inv_freq = torch.where(past, self.long_inv_freq, self.inv_freq)
+        freqs = positions[:, None, None].float() * inv_freq
         cos, sin = freqs.cos(), freqs.sin()
+        if self.attention_factor != 1.0:
+            cos, sin = cos * self.attention_factor, sin * self.attention_factor
         return torch.cat((cos, cos), dim=-1).to(dtype), torch.cat((-sin, sin), dim=-1).to(dtype)
 
 
@@ -112,3 +137,11 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -
     halves = x.view(*x.shape[:-1], 2, x.shape[-1] // 2)  # the last dim is contiguous
     rotated = halves.flip(-2).view(x.shape).mul_(signed_sin)  # cat(x2, x1) * signed_sin
     return rotated.add_(x * cos)
+
+
+def apply_partial_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the first cos.shape[-1] dims of [T, heads, head_dim]; the rest pass unchanged."""
+    dim = cos.shape[-1]
+    if dim == x.shape[-1]:
+        return apply_rotary(x, cos, sin)
+    return torch.cat((apply_rotary(x[..., :dim], cos, sin), x[..., dim:]), dim=-1)

@@ -3,10 +3,13 @@
 from kvserve.model.checkpoint.errors import ModelLoadError
 from kvserve.model.models.bamba import BambaForCausalLM
 from kvserve.model.models.decoder import DecoderForCausalLM
+from kvserve.model.models.gemma2 import Gemma2ForCausalLM
 from kvserve.model.models.gemma3 import Gemma3ForCausalLM
 from kvserve.model.models.llama import LlamaForCausalLM
 from kvserve.model.models.mixtral import MixtralForCausalLM
 from kvserve.model.models.olmoe import OlmoeForCausalLM
+from kvserve.model.models.mistral import MistralForCausalLM
+from kvserve.model.models.phi3 import Phi3ForCausalLM
 from kvserve.model.models.qwen2 import Qwen2ForCausalLM
 from kvserve.model.models.qwen2_moe import Qwen2MoeForCausalLM
 from kvserve.model.models.qwen3 import Qwen3ForCausalLM
@@ -14,8 +17,11 @@ from kvserve.model.models.qwen3_moe import Qwen3MoeForCausalLM
 
 MODEL_REGISTRY: dict[str, type[DecoderForCausalLM]] = {
     "BambaForCausalLM": BambaForCausalLM,
+    "Gemma2ForCausalLM": Gemma2ForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
+    "MistralForCausalLM": MistralForCausalLM,
+    "Phi3ForCausalLM": Phi3ForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
     # mixture of experts (kvserve.model.models.moe_decoder)
@@ -41,10 +47,13 @@ __all__ = [
     "MODEL_REGISTRY",
     "BambaForCausalLM",
     "DecoderForCausalLM",
+    "Gemma2ForCausalLM",
     "Gemma3ForCausalLM",
     "LlamaForCausalLM",
     "MixtralForCausalLM",
     "OlmoeForCausalLM",
+    "MistralForCausalLM",
+    "Phi3ForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen2MoeForCausalLM",
     "Qwen3ForCausalLM",

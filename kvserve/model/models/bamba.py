@@ -19,19 +19,11 @@ from torch import nn
 
 from kvserve.model.attention.attention_metadata import AttentionMetadata
 from kvserve.model.checkpoint.config import ModelConfig
-from kvserve.model.layers.common import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary
+from kvserve.model.layers.common import GatedMLP, RMSNorm, RotaryEmbedding, apply_partial_rotary
 from kvserve.model.layers.mamba2 import Mamba2Mixer, StateMetadata
 from kvserve.model.models.decoder import DecoderAttention, DecoderForCausalLM, DecoderOptions
 
 LayerMeta = AttentionMetadata | StateMetadata
-
-
-def apply_partial_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate the first cos.shape[-1] dims of [T, heads, head_dim]; the rest pass unchanged."""
-    dim = cos.shape[-1]
-    if dim == x.shape[-1]:
-        return apply_rotary(x, cos, sin)
-    return torch.cat((apply_rotary(x[..., :dim], cos, sin), x[..., dim:]), dim=-1)
 
 
 class BambaAttention(DecoderAttention):

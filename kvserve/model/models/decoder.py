@@ -46,6 +46,8 @@ class DecoderAttention(nn.Module):
         self.num_kv_heads = config.num_kv_heads
         self.head_dim = d = config.head_dim
         self.scale = d**-0.5
+        self.softcap: float | None = None
+        """Attention logit soft-capping (Gemma 2): softcap * tanh(score / softcap)."""
         hidden = config.hidden_size
         self.q_proj = nn.Linear(hidden, self.num_heads * d, bias=options.qkv_bias)
         self.k_proj = nn.Linear(hidden, self.num_kv_heads * d, bias=options.qkv_bias)
@@ -71,7 +73,7 @@ class DecoderAttention(nn.Module):
         else:
             q = self.rotate(self.q_norm(qkv[:, :heads]), cos, sin)
             k = self.rotate(self.k_norm(qkv[:, heads : heads + kv_heads]), cos, sin)
-        out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
+        out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale, self.softcap)
         return self.o_proj(out)
 
     def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -146,7 +148,7 @@ class DecoderForCausalLM(nn.Module):
         return DecoderLayer(config, options)
 
     def init_rotary(self, device: torch.device) -> None:
-        self.rotary = RotaryEmbedding(self.config.rope, self.config.head_dim, device)
+        self.rotary = RotaryEmbedding(self.config.rope, self.config.rotary_dim, device)
 
     def forward(
         self,

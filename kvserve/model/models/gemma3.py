@@ -165,7 +165,11 @@ class Gemma3ForCausalLM(DecoderForCausalLM):
         x = embed(input_ids) * scale
         assert self.rotary is not None and self.local_rotary is not None  # init_rotary
         global_cs = self.rotary.cos_sin(positions, x.dtype)
-        local_cs = self.local_rotary.cos_sin(positions, x.dtype)
+        local_cs = (
+            global_cs  # one rope for both (Gemma 2)
+            if self.local_rotary is self.rotary
+            else self.local_rotary.cos_sin(positions, x.dtype)
+        )
         for layer, kv_cache, meta in zip(self.model.layers, kv_caches, metas, strict=True):
             x = layer(x, local_cs if layer.is_sliding else global_cs, kv_cache, meta)
         return self.model.norm(x)

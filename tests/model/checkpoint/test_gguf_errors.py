@@ -62,7 +62,11 @@ def test_a_truncated_file(qwen3, tmp_path, monkeypatch, keep):
 def test_an_unsupported_architecture_is_named_with_the_supported_ones(qwen3, tmp_path, monkeypatch):
     path = tmp_path / "model.gguf"
     write_gguf(qwen3, path, T.F16, arch="gpt2")
-    refused(path, monkeypatch, r"architecture 'gpt2' is not supported; supported: llama, qwen2")
+    refused(
+        path,
+        monkeypatch,
+        r"architecture 'gpt2' is not supported; supported: gemma3, llama, phi3, qwen2",
+    )
 
 
 def test_an_unsupported_tensor_type_names_type_and_tensor(qwen3, tmp_path, monkeypatch):

@@ -9,8 +9,7 @@ import transformers
 from transformers.models.llama import modeling_llama
 
 from kvserve.model.checkpoint.config import RopeConfig
-from kvserve.model.layers.common import RMSNorm, RotaryEmbedding, apply_rotary
-from kvserve.model.models.bamba import apply_partial_rotary
+from kvserve.model.layers.common import RMSNorm, RotaryEmbedding, apply_partial_rotary, apply_rotary
 
 HEAD_DIM = 64
 
