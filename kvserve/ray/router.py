@@ -24,6 +24,9 @@ the same code:
 The choice is returned as the first rank, the others as the next (Serve sends there only if
 the chosen replica's queue is full). No FIFOMixin: a replica chosen for a request is given
 to that request, not to the oldest one waiting.
+
+Serve pickles this module by value to ship the class to the ingress, so it holds no state
+of its own at module level: the routing book shared with the ingress is book.py's.
 """
 
 from __future__ import annotations

@@ -133,6 +133,7 @@ def test_a_replica_killed_under_load_loses_no_request_not_started(served, demo):
     # Non-streamed: nothing reached a client before its answer ended, so every request
     # the killed replica held was resent elsewhere.
     assert failures == []
+    assert served.value("retries_total", victim) >= 1  # it held some when it died
     # Serve replaces it; the router drops the dead one's view and follows the new one.
     wait_for(
         lambda: len(served.followed()) == 2 and victim not in served.followed(), 90, "a new replica"
