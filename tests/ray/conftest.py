@@ -72,7 +72,8 @@ def ray_cluster() -> Iterator[Any]:
         },
     )
     try:
-        cluster.add_node(num_cpus=1, object_store_memory=OBJECT_STORE_BYTES)
+        # joins while Serve starts on the head (the second replica waits for it)
+        cluster.add_node(wait=False, num_cpus=1, object_store_memory=OBJECT_STORE_BYTES)
         ray.init(address=cluster.address, logging_level="warning", log_to_driver=False)
         yield cluster
     finally:  # the nodes' processes go with them (Serve's actors included)
