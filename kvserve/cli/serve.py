@@ -9,7 +9,6 @@ otherwise: an open port is a decision, not a default.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import os
 import sys
@@ -147,43 +146,22 @@ def run(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from kvserve.llm import LLM
-    from kvserve.serve.app import create_app
+    from kvserve.serve.build import build_served_engine
     from kvserve.serve.connections import timed_h11
-    from kvserve.serve.engine_thread import EngineThread
-    from kvserve.serve.kv_metadata import kv_metadata_body
     from kvserve.serve.lifecycle import DrainingServer
-    from kvserve.serve.metrics import EngineObserver, ServerMetrics, cache_config_info
-    from kvserve.serve.state import ServerState
 
     engine_args.kv_events_config = loopback_events(engine_args.kv_events_config)
-    llm = LLM(args.model, **dataclasses.asdict(engine_args))
-    name = args.served_model_name or args.model or "SmolLM2-135M-Instruct"
-    metrics = ServerMetrics(args.metrics_prefix, name, cache_config_info(llm.engine))
-    observer = EngineObserver(metrics)
-    observer.refresh(llm.engine)
     servers: list[DrainingServer] = []
-    engine = EngineThread(llm.engine, observer, on_death=lambda why: servers[0].engine_died(why))
     limits = limits_from(args)
-    state = ServerState(
-        engine=engine,
-        served_name=name,
-        description=llm.model.description,
-        api_key=api_key,
-        max_model_len=llm.engine.scheduler.config.max_model_len,
-        max_request_tokens=llm.engine.scheduler.max_request_tokens(),
-        metrics=metrics,
-        max_queued_requests=args.max_queued_requests,
-        log_requests=args.log_requests,
-        kv_metadata=kv_metadata_body(llm.engine, llm.model.path, name),
-        limits=limits,
-        tool_call_parser=args.tool_call_parser,
+    served = build_served_engine(
+        args, engine_args, limits, api_key, on_death=lambda why: servers[0].engine_died(why)
     )
-    print(f"Serving {llm.model.description} as {name!r}", file=sys.stderr, flush=True)
+    llm, state, engine = served.llm, served.state, served.engine
+    print(f"Serving {llm.model.description} as {state.served_name!r}", file=sys.stderr, flush=True)
     if llm.model.random_weights:
         print("(random weights: its completions are gibberish)", file=sys.stderr, flush=True)
     config = uvicorn.Config(
-        create_app(state),
+        served.app(),
         host=args.host,
         port=args.port,
         log_level=args.log_level,
@@ -198,12 +176,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         server.run()
     finally:
-        engine.stop()
-        state.tokens.close()
-        events = llm.engine.kv_events
-        llm.shutdown()
-        if events is not None:
-            log.info("KV events: the last batch (seq %d) is sent", events.publisher.last_seq)
+        served.close()
     if engine.dead is not None:
         log.error("exiting: the engine died (%s)", engine.dead)
         return 1

@@ -121,10 +121,11 @@ def offset_endpoint_port(endpoint: str, rank: int) -> str: ...
 @overload
 def offset_endpoint_port(endpoint: str | None, rank: int) -> str | None: ...
 def offset_endpoint_port(endpoint: str | None, rank: int) -> str | None:
-    """`tcp://host:5557` -> `tcp://host:5557+rank`; other transports get a `_dp<rank>` suffix."""
+    """`tcp://host:5557` -> `tcp://host:5557+rank`; other transports get a `_dp<rank>` suffix.
+    `tcp://host:*` (any free port) stays: each rank gets its own."""
     if not endpoint or rank == 0:
         return endpoint
     if endpoint.startswith("tcp://"):
         base, _, port = endpoint.rpartition(":")
-        return f"{base}:{int(port) + rank}"
+        return endpoint if port == "*" else f"{base}:{int(port) + rank}"
     return f"{endpoint}_dp{rank}"

@@ -61,6 +61,14 @@ def should_bind(endpoint: str) -> bool:
     return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
 
 
+def _bound(socket: zmq.Socket, endpoint: str) -> str:
+    """`tcp://HOST:*` (any free port, as ZMQ binds it) -> the port it got, so the endpoint
+    reported is one a subscriber can reach; any other endpoint stays as written."""
+    if not endpoint.startswith("tcp://") or not endpoint.endswith(":*"):
+        return endpoint
+    return str(socket.getsockopt_string(zmq.LAST_ENDPOINT))
+
+
 class ZmqEventPublisher:
     """PUB + ROUTER publisher with a bounded queue and a bounded replay buffer."""
 
@@ -95,6 +103,7 @@ class ZmqEventPublisher:
             bind = config.bind if config.bind is not None else should_bind(self.endpoint)
             if bind:
                 self._pub.bind(self.endpoint)
+                self.endpoint = _bound(self._pub, self.endpoint)
             else:
                 self._pub.connect(self.endpoint)
             if self.replay_endpoint:
@@ -102,6 +111,7 @@ class ZmqEventPublisher:
                 self._replay.setsockopt(zmq.LINGER, 0)
                 ReplayReplies.configure(self._replay)
                 self._replay.bind(self.replay_endpoint)
+                self.replay_endpoint = _bound(self._replay, self.replay_endpoint)
                 self._replies = ReplayReplies(self._replay, self._buffer, self._answer)
         except zmq.ZMQError as exc:
             self._close_sockets()

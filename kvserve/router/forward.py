@@ -171,7 +171,7 @@ async def _send(
         replica.running -= 1
         await upstream.aclose()
         return _Refused(f"{replica.url} answered 503")
-    watch = _Watch(upstream.status_code, predicted, prediction.checked)
+    watch = _Watch(status=upstream.status_code, predicted=predicted, checked=prediction.checked)
 
     def done() -> None:
         replica.running -= 1
@@ -228,13 +228,9 @@ async def _disconnected(request: Request) -> None:
 
 
 @dataclass(slots=True)
-class _Watch:
-    """What passes through: the last cached_tokens. A client may close a stream as soon as
-    it has `[DONE]`, before the replica's end of it: seeing the usage is what counts."""
+class CachedTokens:
+    """The last `"cached_tokens": N` in an answer's bytes, fed chunk by chunk."""
 
-    status: int
-    predicted: int | None
-    checked: bool
     cached: int | None = None
     tail: bytes = b""
 
@@ -243,6 +239,16 @@ class _Watch:
         for match in CACHED.finditer(window):
             self.cached = int(match.group(1))
         self.tail = window[-TAIL:]
+
+
+@dataclass(slots=True)
+class _Watch(CachedTokens):
+    """What passes through: the last cached_tokens. A client may close a stream as soon as
+    it has `[DONE]`, before the replica's end of it: seeing the usage is what counts."""
+
+    status: int = 0
+    predicted: int | None = None
+    checked: bool = True
 
     def report(self, state: RouterState, label: str) -> None:
         metrics = state.metrics

@@ -86,17 +86,10 @@ class _Live(Collector):
         self.view_stats = view_stats
 
     def collect(self) -> Iterator[Metric]:
-        def gauge(name: str, doc: str) -> GaugeMetricFamily:
-            return GaugeMetricFamily(f"{PREFIX}{name}", doc, labels=["replica"])
-
         healthy = gauge("replica_healthy", "1 while the replica answers /health with 200.")
         running = gauge("requests_running", "Requests sent to the replica and not finished.")
         queued = gauge("queued_prefill_tokens", "Prompt tokens sent whose answer has not begun.")
-        followed = gauge("events_followed", "1 while the router follows the replica's KV events.")
-        blocks = gauge("view_blocks", "Blocks in the router's event-fed view of the replica.")
-        resyncs = CounterMetricFamily(
-            f"{PREFIX}view_resyncs", "Views rebuilt from a snapshot.", labels=["replica"]
-        )
+        followed, blocks, resyncs = view_families()
         for r in self.replicas:
             is_followed, n_blocks, n_resyncs = self.view_stats(r.index)
             healthy.add_metric([r.url], float(r.healthy))
@@ -106,3 +99,19 @@ class _Live(Collector):
             blocks.add_metric([r.url], n_blocks)
             resyncs.add_metric([r.url], n_resyncs)
         yield from (healthy, running, queued, followed, blocks, resyncs)
+
+
+def gauge(name: str, doc: str) -> GaugeMetricFamily:
+    """A per-replica gauge read at scrape time."""
+    return GaugeMetricFamily(f"{PREFIX}{name}", doc, labels=["replica"])
+
+
+def view_families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, CounterMetricFamily]:
+    """The router's event-fed view of each replica: followed, its blocks, its rebuilds."""
+    return (
+        gauge("events_followed", "1 while the router follows the replica's KV events."),
+        gauge("view_blocks", "Blocks in the router's event-fed view of the replica."),
+        CounterMetricFamily(
+            f"{PREFIX}view_resyncs", "Views rebuilt from a snapshot.", labels=["replica"]
+        ),
+    )

@@ -54,16 +54,23 @@ class Replica:
     def event_source(self) -> EventSource | None:
         """Where to follow its events; None without events or without a replay socket
         (a subscriber that joins late needs replay or a snapshot to start)."""
-        events = self.info.get("kv_events")
-        if not events or not events.get("replay_endpoint") or not self.caching:
-            return None
-        host = urlsplit(self.url).hostname or "127.0.0.1"
-        return EventSource(
-            reachable(events["endpoint"], host),
-            reachable(events["replay_endpoint"], host),
-            events.get("topic") or "",
-            self.info["kv_metadata"],
-        )
+        return event_source(self.info, urlsplit(self.url).hostname or "127.0.0.1")
+
+
+def event_source(info: dict[str, Any], host: str) -> EventSource | None:
+    """A replica's event source from its /kv-metadata (`info`); a wildcard endpoint is
+    reached at `host`. None: it publishes no events with replay, or does not cache."""
+    events = info.get("kv_events")
+    if not events or not events.get("replay_endpoint"):
+        return None
+    if not info.get("enable_prefix_caching", True):
+        return None
+    return EventSource(
+        reachable(events["endpoint"], host),
+        reachable(events["replay_endpoint"], host),
+        events.get("topic") or "",
+        info["kv_metadata"],
+    )
 
 
 def reachable(endpoint: str, host: str) -> str:

@@ -292,3 +292,30 @@ def test_engine_restart_is_detected_and_a_late_copy_of_batch_zero_is_not(ports):
     finally:
         sub.close()
         first.close()
+
+
+def test_any_free_port_is_reported_as_the_port_bound():
+    """`tcp://HOST:*` binds ports ZMQ picks (a Ray replica's default, several to a node);
+    the endpoints reported are the real ones, and a subscriber follows through them."""
+    config = {
+        "enable_kv_cache_events": True,
+        "endpoint": "tcp://127.0.0.1:*",
+        "replay_endpoint": "tcp://127.0.0.1:*",
+        "bind": True,
+        "data_parallel_rank": 2,  # no offset for a port not yet known
+    }
+    engines = [Engine(config), Engine(config)]
+    publishers = [e.events.publisher for e in engines]
+    try:
+        endpoints = {p.endpoint for p in publishers} | {p.replay_endpoint for p in publishers}
+        assert len(endpoints) == 4 and not any(e.endswith(":*") for e in endpoints)
+        sub = KVEventSubscriber(publishers[1].endpoint, publishers[1].replay_endpoint)
+        try:
+            engines[1].step(PROMPTS[0])
+            sub.wait_for(engines[1].last_seq)
+            assert assert_predicts(engines[1], sub) > 0
+        finally:
+            sub.close()
+    finally:
+        for e in engines:
+            e.close()

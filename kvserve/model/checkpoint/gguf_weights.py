@@ -32,9 +32,9 @@ from gguf.quants import dequantize
 
 from kvserve.model.checkpoint.config import ModelConfig
 from kvserve.model.checkpoint.errors import ModelLoadError
-from kvserve.model.checkpoint.gguf_moe import expert_tensors
 from kvserve.model.checkpoint.gguf_families import ROPE_FACTORS, WINDOWED_LLAMA
 from kvserve.model.checkpoint.gguf_file import field
+from kvserve.model.checkpoint.gguf_moe import expert_tensors
 from kvserve.model.checkpoint.weight_check import check_weights
 
 T = GGMLQuantizationType

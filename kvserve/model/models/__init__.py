@@ -6,9 +6,9 @@ from kvserve.model.models.decoder import DecoderForCausalLM
 from kvserve.model.models.gemma2 import Gemma2ForCausalLM
 from kvserve.model.models.gemma3 import Gemma3ForCausalLM
 from kvserve.model.models.llama import LlamaForCausalLM
+from kvserve.model.models.mistral import MistralForCausalLM
 from kvserve.model.models.mixtral import MixtralForCausalLM
 from kvserve.model.models.olmoe import OlmoeForCausalLM
-from kvserve.model.models.mistral import MistralForCausalLM
 from kvserve.model.models.phi3 import Phi3ForCausalLM
 from kvserve.model.models.qwen2 import Qwen2ForCausalLM
 from kvserve.model.models.qwen2_moe import Qwen2MoeForCausalLM
@@ -50,9 +50,9 @@ __all__ = [
     "Gemma2ForCausalLM",
     "Gemma3ForCausalLM",
     "LlamaForCausalLM",
+    "MistralForCausalLM",
     "MixtralForCausalLM",
     "OlmoeForCausalLM",
-    "MistralForCausalLM",
     "Phi3ForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen2MoeForCausalLM",

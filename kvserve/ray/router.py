@@ -1,0 +1,293 @@
+"""`KVServeRequestRouter`: Ray Serve's request router for kvserve replicas, exact by KV events.
+
+It plugs into Serve's request-router API (`request_router_config` of the engine deployment,
+as Ray's own PrefixCacheAffinityRouter does) and runs where the handle to the engine
+deployment lives: in each ingress replica. There it does what `kvserve route` does, with
+the same code:
+
+- follows every replica's KV events with `kvserve.router.follower.EventFollower` (the
+  subscribers and the prefix index); a replica advertises where they are in its routing
+  stats (replica.py), so no address is ever written down. A replica that leaves (dies, is
+  scaled down) has its view dropped; the one Serve starts in its place, or a replica that
+  restarted in place (a new boot id), is followed from scratch (replay, else a snapshot);
+- tokenizes each request's prompts as the replica will (`kvserve.router.prompts`, with the
+  checkpoint's tokenizer the replicas advertise), brings every view up to date (a sync round
+  started as the request arrives, overlapping the tokenizer) and matches them;
+- chooses with kvserve's routing policy (`kvserve.routing`, cache-aware by default) over
+  each replica's predicted hit and its load as this router sent it (running; prompt tokens
+  less the hit), counted from the choice (requests that arrive together see each other)
+  until the answer ends (Serve tells a router no earlier than that);
+- falls back to Serve's own Power-of-Two choice where it cannot predict: no replica's view in
+  sync, not a generation request, or a prompt it cannot read. A replica whose view is not in
+  sync while others are counts a hit of 0 for the policy, as in `kvserve route`.
+
+The choice is returned as the first rank, the others as the next (Serve sends there only if
+the chosen replica's queue is full). No FIFOMixin: a replica chosen for a request is given
+to that request, not to the oldest one waiting.
+
+Serve pickles this module by value to ship the class to the ingress, so it holds no state
+of its own at module level: the routing book shared with the ingress is book.py's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from ray.serve._private.request_router.pow_2_router import PowerOfTwoChoicesRequestRouter
+from ray.serve.request_router import (
+    LocalityMixin,
+    MultiplexMixin,
+    PendingRequest,
+    ReplicaID,
+    RequestRouter,
+    RunningReplica,
+)
+
+from kvserve.model.checkpoint.tokenizer import load_tokenizer
+from kvserve.ray import book
+from kvserve.ray.book import ViewStats
+from kvserve.router.follower import EventFollower
+from kvserve.router.prompts import extra_keys, prompt_token_ids
+from kvserve.router.replicas import event_source
+from kvserve.routing import Policy, ReplicaLoad, make_policy
+
+log = logging.getLogger("kvserve.ray")
+UNSENT_SECONDS = 60.0
+GENERATION_PATHS = {"/v1/chat/completions": True, "/v1/completions": False}
+"""Path -> whether it is chat: the requests whose hit is predicted."""
+
+
+@dataclass(slots=True)
+class _Followed:
+    """One replica as this router knows it."""
+
+    index: int
+    """Its number in the follower (never reused: a replica back gets a new one)."""
+    boot: str
+    info: dict[str, Any]
+    running: int = 0
+    queued_prefill_tokens: int = 0
+
+
+@dataclass(slots=True)
+class _Prediction:
+    num_tokens: int
+    hits: dict[ReplicaID, int | None] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Load:
+    """What one request adds to a replica's load, from the choice until its answer ends."""
+
+    replica: ReplicaID
+    prefill: int
+    since: float = field(default_factory=time.monotonic)
+
+
+class KVServeRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
+    def initialize_state(self, policy: str = "cache-aware", **kwargs: Any) -> None:
+        self.policy: Policy = make_policy(policy)
+        self.follower = EventFollower()
+        self.follower.start()
+        self.followed: dict[ReplicaID, _Followed] = {}
+        self.next_index = 0
+        self.tokenizer: Any = None
+        self.tokenizer_path: str | None = None
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="kvserve-ray-tokenizer")
+        self.predictions: dict[str, _Prediction] = {}
+        """Internal request id -> its prediction, from the choice until it is sent."""
+        self.loads: dict[str, _Load] = {}
+        """Internal request id -> the load it adds, counted from the choice (requests that
+        arrive together must see each other) until its answer ends."""
+        book.BOOK.views = self.view_stats
+
+    # -- Serve's replica set --------------------------------------------------------
+
+    def update_replicas(self, replicas: list[RunningReplica]) -> None:
+        super().update_replicas(replicas)
+        current = {r.replica_id: r for r in replicas}
+        for replica_id in [r for r in self.followed if r not in current]:
+            self._forget(replica_id)
+        for replica_id, replica in current.items():
+            info = (replica.routing_stats or {}).get("kvserve")
+            if not isinstance(info, dict) or "boot" not in info:
+                continue  # not advertised yet: Serve's choice until it is
+            known = self.followed.get(replica_id)
+            if known is not None and known.boot == info["boot"]:
+                known.info = info
+                continue
+            if known is not None:
+                self._forget(replica_id)
+            self._follow(replica_id, info)
+
+    def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
+        super().on_replica_actor_died(replica_id)
+        self._forget(replica_id)
+
+    def _follow(self, replica_id: ReplicaID, info: dict[str, Any]) -> None:
+        source = event_source(info, str(info.get("host") or "127.0.0.1"))
+        followed = _Followed(self.next_index, info["boot"], info)
+        self.next_index += 1
+        self.followed[replica_id] = followed
+        if source is not None:
+            self.follower.attach(followed.index, source)
+            log.info("replica %s: following its KV events", replica_id.unique_id)
+        if self.tokenizer_path is None and info.get("model"):
+            self.tokenizer_path = str(info["model"])
+            self.pool.submit(self._load_tokenizer, self.tokenizer_path)
+
+    def _forget(self, replica_id: ReplicaID) -> None:
+        followed = self.followed.pop(replica_id, None)
+        if followed is not None:
+            self.follower.detach(followed.index)
+            log.info("replica %s: gone, its view dropped", replica_id.unique_id)
+
+    def _load_tokenizer(self, path: str) -> None:
+        try:
+            self.tokenizer = load_tokenizer(path)
+        except Exception as exc:  # no prediction for chat; completions of token ids still
+            log.warning("cannot load the replicas' tokenizer from %s: %s", path, exc)
+
+    def _prompts(self, chat: bool, body: Any) -> list[list[int]] | None:
+        """On the tokenizer's thread, after the tokenizer has loaded there."""
+        return prompt_token_ids(self.tokenizer, chat, body)
+
+    def view_stats(self) -> ViewStats:
+        stats: ViewStats = {}
+        for replica_id, followed in list(self.followed.items()):
+            is_followed, blocks, resyncs = self.follower.stats(followed.index)
+            stats[replica_id.unique_id] = (
+                is_followed,
+                blocks,
+                resyncs,
+                followed.info.get("kv", {}),
+            )
+        return stats
+
+    # -- choosing ---------------------------------------------------------------------
+
+    async def choose_replicas(
+        self,
+        candidate_replicas: list[RunningReplica],
+        pending_request: PendingRequest | None = None,
+    ) -> list[list[RunningReplica]]:
+        if pending_request is not None and candidate_replicas:
+            try:
+                ranks = await self._exact(candidate_replicas, pending_request)
+            except Exception as exc:
+                log.warning("no prediction for a request (%s): Serve's choice", exc)
+                ranks = None
+            if ranks is not None:
+                return ranks
+        return await PowerOfTwoChoicesRequestRouter.choose_replicas(
+            self,  # type: ignore[arg-type]  # Serve's own router does the same
+            candidate_replicas=candidate_replicas,
+            pending_request=pending_request,
+        )
+
+    async def _exact(
+        self, candidates: list[RunningReplica], request: PendingRequest
+    ) -> list[list[RunningReplica]] | None:
+        """Ranks: the policy's choice, then the rest; None: no prediction possible."""
+        forwarded = _forwarded(request.args)
+        if forwarded is None or not self.followed:
+            return None
+        chat, body = forwarded
+        synced_future = self.follower.sync()  # the round trip overlaps the tokenizer
+        loop = asyncio.get_running_loop()
+        prompts = await loop.run_in_executor(self.pool, self._prompts, chat, body)
+        synced = await asyncio.wrap_future(synced_future)
+        if prompts is None or not synced:
+            return None
+        by_index = await asyncio.wrap_future(
+            self.follower.predict(prompts, extra_keys(body), synced)
+        )
+        self._uncount(request.metadata.internal_request_id)  # a choice made again
+        hits: list[int | None] = []
+        loads: list[ReplicaLoad] = []
+        for replica in candidates:
+            followed = self.followed.get(replica.replica_id)
+            hits.append(by_index.get(followed.index) if followed is not None else None)
+            loads.append(
+                ReplicaLoad(followed.running, followed.queued_prefill_tokens)
+                if followed is not None
+                else ReplicaLoad(0, 0)
+            )
+        if all(hit is None for hit in hits):
+            return None
+        num_tokens = sum(len(p) for p in prompts)
+        choice = self.policy.choose(num_tokens, [hit or 0 for hit in hits], loads)
+        internal = request.metadata.internal_request_id
+        self.predictions[internal] = _Prediction(
+            num_tokens, {r.replica_id: hit for r, hit in zip(candidates, hits, strict=True)}
+        )
+        chosen = candidates[choice.replica]
+        self._count(internal, chosen.replica_id, max(num_tokens - choice.predicted_hit_tokens, 0))
+        return [[chosen], [r for r in candidates if r is not chosen]]
+
+    # -- loads ------------------------------------------------------------------------
+
+    def _count(self, internal: str, replica_id: ReplicaID, prefill: int) -> None:
+        """The request's load on `replica_id` (moved there if it was counted elsewhere)."""
+        self._uncount(internal)
+        followed = self.followed.get(replica_id)
+        if followed is None:
+            return
+        followed.running += 1
+        followed.queued_prefill_tokens += prefill
+        self.loads[internal] = _Load(replica_id, prefill)
+        self._expire()
+
+    def _uncount(self, internal: str) -> None:
+        load = self.loads.pop(internal, None)
+        followed = self.followed.get(load.replica) if load is not None else None
+        if load is not None and followed is not None:
+            followed.running -= 1
+            followed.queued_prefill_tokens -= load.prefill
+
+    def _expire(self) -> None:
+        """A request chosen for but never sent (cancelled while waiting) is not told of:
+        its load goes after UNSENT_SECONDS."""
+        now = time.monotonic()
+        for internal in [i for i, load in self.loads.items() if now - load.since > UNSENT_SECONDS]:
+            if internal in self.predictions:
+                del self.predictions[internal]
+                self._uncount(internal)
+
+    # -- what happened to the request ---------------------------------------------------
+
+    def on_request_routed(
+        self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any
+    ) -> None:
+        internal = pending_request.metadata.internal_request_id
+        prediction = self.predictions.pop(internal, None)
+        predicted = prediction.hits.get(replica_id) if prediction is not None else None
+        num_tokens = prediction.num_tokens if prediction is not None else 0
+        load = self.loads.get(internal)
+        if load is None or load.replica != replica_id:
+            self._count(internal, replica_id, max(num_tokens - (predicted or 0), 0))
+        book.BOOK.sent(pending_request.metadata.request_id, replica_id.unique_id, predicted)
+
+    def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
+        self.predictions.pop(internal_request_id, None)
+        self._uncount(internal_request_id)
+
+
+def _forwarded(args: list[Any]) -> tuple[bool, Any] | None:
+    """(chat, the JSON body) of a generation request forwarded by the ingress, else None."""
+    if len(args) != 2 or not isinstance(args[0], dict) or not isinstance(args[1], bytes):
+        return None
+    scope, raw = args
+    chat = GENERATION_PATHS.get(scope.get("path", ""))
+    if chat is None or scope.get("method") != "POST":
+        return None
+    try:
+        return chat, json.loads(raw)
+    except ValueError:
+        return None

@@ -1,0 +1,75 @@
+"""One served engine from `kvserve serve`'s options: the LLM, its engine thread, the state the
+handlers share. `kvserve serve` puts it behind uvicorn; a Ray Serve replica (kvserve.ray)
+behind Ray's proxy: both run the very same engine thread and handlers."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from fastapi import FastAPI
+
+from kvserve.engine.engine_args import EngineArgs
+from kvserve.llm import LLM
+from kvserve.serve.app import create_app
+from kvserve.serve.engine_thread import EngineThread
+from kvserve.serve.kv_metadata import kv_metadata_body
+from kvserve.serve.limits import ServeLimits
+from kvserve.serve.metrics import EngineObserver, ServerMetrics, cache_config_info
+from kvserve.serve.state import ServerState
+
+log = logging.getLogger("kvserve.serve")
+
+
+@dataclass(slots=True)
+class ServedEngine:
+    llm: LLM
+    engine: EngineThread
+    state: ServerState
+
+    def app(self) -> FastAPI:
+        return create_app(self.state)
+
+    def close(self) -> None:
+        """Stop the engine thread, then the engine (its last KV events go out)."""
+        self.engine.stop()
+        self.state.tokens.close()
+        events = self.llm.engine.kv_events
+        self.llm.shutdown()
+        if events is not None:
+            log.info("KV events: the last batch (seq %d) is sent", events.publisher.last_seq)
+
+
+def build_served_engine(
+    args: argparse.Namespace,
+    engine_args: EngineArgs,
+    limits: ServeLimits,
+    api_key: str | None,
+    on_death: Callable[[str], None],
+) -> ServedEngine:
+    """`args`: `kvserve serve`'s options (model, name, metrics, queue); the engine thread is
+    built, not started; `on_death(reason)` runs on it if it dies."""
+    llm = LLM(args.model, **dataclasses.asdict(engine_args))
+    name = args.served_model_name or args.model or "SmolLM2-135M-Instruct"
+    metrics = ServerMetrics(args.metrics_prefix, name, cache_config_info(llm.engine))
+    observer = EngineObserver(metrics)
+    observer.refresh(llm.engine)
+    engine = EngineThread(llm.engine, observer, on_death=on_death)
+    state = ServerState(
+        engine=engine,
+        served_name=name,
+        description=llm.model.description,
+        api_key=api_key,
+        max_model_len=llm.engine.scheduler.config.max_model_len,
+        max_request_tokens=llm.engine.scheduler.max_request_tokens(),
+        metrics=metrics,
+        max_queued_requests=args.max_queued_requests,
+        log_requests=args.log_requests,
+        kv_metadata=kv_metadata_body(llm.engine, llm.model.path, name),
+        limits=limits,
+        tool_call_parser=args.tool_call_parser,
+    )
+    return ServedEngine(llm, engine, state)

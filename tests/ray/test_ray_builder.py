@@ -1,0 +1,79 @@
+"""The application builder's arguments, and the README's Serve config file, without a cluster:
+what `serve run kvserve.ray:app ...` and `serve deploy config.yaml` would deploy."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kvserve.ray import app
+from kvserve.ray.options import ray_options
+
+pytest.importorskip("ray")
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def deployments(application):
+    """(ingress, engine) deployments of a built application."""
+    ingress = application._bound_deployment
+    return ingress, ingress.init_args[0]._bound_deployment
+
+
+def test_the_readme_config_file_validates_and_builds():
+    from ray.serve._private.api import call_user_app_builder_with_args_if_necessary
+    from ray.serve.schema import ServeDeploySchema
+
+    block = re.search(r"```yaml\n(applications:.*?)```", README.read_text(), re.S)
+    assert block is not None
+    config = ServeDeploySchema.model_validate(yaml.safe_load(block.group(1)))
+    (entry,) = config.applications
+    assert entry.import_path == "kvserve.ray:app"
+    built = call_user_app_builder_with_args_if_necessary(app, entry.args)
+    _, engine = deployments(built)
+    assert engine.num_replicas == 4
+    assert engine.ray_actor_options == {"num_cpus": 4, "num_gpus": 1}
+    router = engine._deployment_config.request_router_config
+    assert router.request_router_class == "kvserve.ray.router:KVServeRequestRouter"
+    assert "--max-num-seqs=64" in engine.init_args[0]
+    assert "--gpu-memory-utilization=0.85" in engine.init_args[0]
+
+
+def test_every_engine_option_by_name_and_deployment_options_pass_through():
+    autoscaling = {"min_replicas": 1, "max_replicas": 3}
+    built = app(
+        {
+            "model": "demo:random",
+            "autoscaling_config": autoscaling,
+            "ray_actor_options": '{"num_cpus": 2}',
+            "enable_prefix_caching": "false",
+            "kv_cache_memory": "64MiB",
+            "request_router": "serve-default",
+        }
+    )
+    _, engine = deployments(built)
+    argv = engine.init_args[0]
+    assert "--no-prefix-caching" in argv and "--kv-cache-memory=64MiB" in argv
+    assert engine.ray_actor_options == {"num_cpus": 2}
+    assert engine._deployment_config.autoscaling_config.max_replicas == 3
+    router = engine._deployment_config.request_router_config
+    assert "PowerOfTwoChoices" in router.request_router_class
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        ({"max_num_seqs": "many"}, "--max-num-seqs"),
+        ({"port": 9000}, "port"),
+        ({"no_such_option": 1}, "no_such_option"),
+        ({"enable_prefix_caching": "maybe"}, "enable_prefix_caching"),
+        ({"num_replicas": 2, "autoscaling_config": {"max_replicas": 2}}, "autoscaling_config"),
+        ({"policy": "random"}, "policy"),
+        ({"ray_actor_options": "{num_cpus"}, "ray_actor_options"),
+    ],
+)
+def test_a_bad_argument_is_a_value_error_naming_it(args, named):
+    with pytest.raises(ValueError, match=re.escape(named)):
+        ray_options(args)

@@ -1,0 +1,148 @@
+"""kvserve replicas on a two-node Ray cluster, behind Serve's proxy, routed by kvserve's request
+router: multi-turn chats land where their history is, every predicted hit is the hit the
+replica reports, answers are the engine's own; a replica killed under load loses no request
+that had not started, and predictions are exact again once Serve has replaced it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from kvserve import LLM, SamplingParams
+from tests.ray.conftest import ENGINE, deploy, ray, wait_for
+from tests.router._workload import FOLLOW_UPS, OPENERS, client
+from tests.serve.conftest import scrape
+
+pytestmark = pytest.mark.slow
+MAX_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def served(ray_cluster, demo):
+    return deploy(ray_cluster, demo, "kvserve")
+
+
+def ask(c, model: str, messages: list, salt: str, stream: bool) -> tuple[str, int, str]:
+    """(answer, cached_tokens, the replica that answered)."""
+    kwargs = {
+        "model": model,
+        "messages": messages,
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+        "extra_body": {"cache_salt": salt},
+    }
+    if not stream:
+        raw = c.chat.completions.with_raw_response.create(**kwargs)
+        out = raw.parse()
+        cached = out.usage.prompt_tokens_details.cached_tokens
+        return out.choices[0].message.content or "", cached, raw.headers["kvserve-replica"]
+    options = {"include_usage": True}
+    with c.chat.completions.with_streaming_response.create(
+        **kwargs, stream=True, stream_options=options
+    ) as raw:
+        replica = raw.headers["kvserve-replica"]
+        chunks = list(raw.parse())
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    return text, chunks[-1].usage.prompt_tokens_details.cached_tokens, replica
+
+
+def chats(url: str, model: str, salt: str, n: int = 4, turns: int = 3):
+    """n conversations (their own cache salts), a turn's requests sent at once; odd ones are
+    streamed. Per conversation: [(messages, answer, cached, replica)] turn by turn."""
+    convs = [[{"role": "user", "content": f"{OPENERS[k]} a story {k}."}] for k in range(n)]
+    log: list[list[tuple[list, str, int, str]]] = [[] for _ in range(n)]
+    with client(url) as c, ThreadPoolExecutor(n) as pool:
+        for turn in range(turns):
+            asked = [list(conv) for conv in convs]
+            answers = list(
+                pool.map(
+                    lambda k, asked=asked: ask(c, model, asked[k], f"{salt}-{k}", k % 2 == 1),
+                    range(n),
+                )
+            )
+            for k, (text, cached, replica) in enumerate(answers):
+                log[k].append((asked[k], text, cached, replica))
+                convs[k] += [
+                    {"role": "assistant", "content": text},
+                    {"role": "user", "content": FOLLOW_UPS[turn % len(FOLLOW_UPS)]},
+                ]
+    return log
+
+
+def test_chats_land_where_their_history_is_and_hit_as_predicted(served, ray_cluster, demo):
+    # Two replicas, one per node: each took its node's only CPU.
+    assert ray.available_resources().get("CPU", 0) == 0
+    log = chats(served.url, demo, "routed")
+    series = {k: v for k, v in scrape(served).items() if "_created" not in k}
+    for turns in log:
+        first_replica = turns[0][3]
+        assert [t[3] for t in turns] == [first_replica] * len(turns), (turns, series)
+        assert all(t[2] > 0 for t in turns[1:]), turns
+    assert len({turns[0][3] for turns in log}) == 2  # both replicas hold conversations
+    assert served.total("prediction_exact_total") == 12
+    assert served.total("prediction_wrong_total") == 0
+    cached = sum(t[2] for turns in log for t in turns)
+    assert served.total("predicted_hit_tokens_total") == cached
+    # Greedy answers are the engine's own.
+    llm = LLM(demo, **ENGINE)
+    try:
+        params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0)
+        asked = [t[0] for turns in log for t in turns]
+        expected = [o.outputs[0].text for o in llm.chat(asked, params, use_tqdm=False)]
+    finally:
+        llm.shutdown()
+    assert [t[1] for turns in log for t in turns] == expected
+
+
+def _engine_actor() -> tuple[str, object]:
+    names = [
+        a for a in ray.util.list_named_actors(all_namespaces=True)
+        if "kvserve-engine" in a["name"]
+    ]  # fmt: skip
+    name = names[0]["name"]
+    return name.rsplit("#", 1)[-1], ray.get_actor(name, namespace=names[0]["namespace"])
+
+
+def test_a_replica_killed_under_load_loses_no_request_not_started(served, demo):
+    before = served.followed()
+    victim, actor = _engine_actor()
+    body = {"max_tokens": 24, "temperature": 0, "extra_body": {"ignore_eos": True}}
+    failures: list[BaseException] = []
+    kill_at = threading.Event()
+
+    def one(k: int) -> None:
+        messages = [{"role": "user", "content": f"{OPENERS[k % len(OPENERS)]} load {k}."}]
+        if k == 3:
+            kill_at.set()
+        try:
+            with client(served.url) as c:
+                c.chat.completions.create(model=demo, messages=messages, **body)
+        except BaseException as exc:
+            failures.append(exc)
+
+    with ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(one, k) for k in range(8)]
+        kill_at.wait(30)
+        time.sleep(0.3)
+        ray.kill(actor, no_restart=True)
+        for f in futures:
+            f.result()
+    # Non-streamed: nothing reached a client before its answer ended, so every request
+    # the killed replica held was resent elsewhere.
+    assert failures == []
+    assert served.value("retries_total", victim) >= 1  # it held some when it died
+    # Serve replaces it; the router drops the dead one's view and follows the new one.
+    wait_for(
+        lambda: len(served.followed()) == 2 and victim not in served.followed(), 90, "a new replica"
+    )
+    assert served.followed() != before
+    wrong_before = served.total("prediction_wrong_total")
+    exact_before = served.total("prediction_exact_total")
+    log = chats(served.url, demo, "after", n=2, turns=2)
+    assert served.total("prediction_wrong_total") == wrong_before
+    assert served.total("prediction_exact_total") == exact_before + 4
+    for turns in log:
+        assert turns[1][3] == turns[0][3] and turns[1][2] > 0
