@@ -76,3 +76,12 @@ class Drafter:
         self.stats.record(num_drafts, num_accepted, self.config.num_speculative_tokens)
         if req.spec is not None:
             req.spec.verified(num_drafts, num_accepted)
+
+    def stats_dict(self) -> dict[str, Any]:
+        """The counters under the names `LLM.stats()` and `generate`'s summary use."""
+        stats = self.stats
+        return {
+            "spec_num_drafts": stats.num_drafts,
+            "spec_draft_tokens": stats.num_draft_tokens,
+            "spec_accepted_tokens": stats.num_accepted_tokens,
+        }

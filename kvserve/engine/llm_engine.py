@@ -382,6 +382,7 @@ class LLMEngine:
             "decode_step_seconds": self.stats.decode_step_seconds,
             "external_hit_tokens": s.external_hit_tokens,
             **(self.tiers.stats() if self.tiers is not None else {}),
+            **(self.drafter.stats_dict() if self.drafter is not None else {}),
         }
 
 

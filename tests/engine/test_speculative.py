@@ -11,10 +11,13 @@ a hash, an event or a tier.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 from kvserve import LLM, SamplingParams
+from kvserve.cli import main
 from kvserve.kvcache import BlockHasher, check_invariants
 from kvserve.kvcache.event_sink import KVEventSink
 from kvserve.kvcache.events import BlockStored
@@ -158,3 +161,18 @@ def test_hybrid_state_models_refuse_speculation(bamba_checkpoint):
 def test_bad_configs_are_refused_before_loading(config, match):
     with pytest.raises(ValueError, match=match):
         LLM("/nonexistent/model", speculative_config=config)
+
+
+def test_generate_command_line_takes_the_json_and_reports_acceptance(checkpoints, capsys):
+    ck = checkpoints["qwen3"]
+    prompt = json.dumps(cycle(0))
+    argv = ["generate", "--model", ck.path, "--prompt-token-ids", prompt, "--max-tokens", "12",
+            "--temperature", "0", "--ignore-eos", "--no-progress", "--num-threads", "1",
+            "--num-kv-blocks", "32", "--block-size", "4", "--dtype", "float32",
+            "--speculative-config", json.dumps(SPEC)]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    accepted, drafted = out.split("speculative: ")[1].split(" draft tokens")[0].split(" of ")
+    assert 0 < int(accepted) <= int(drafted)
+    assert main([*argv[:-1], '{"method": "eagle"}']) == 2
+    assert "EAGLE heads are not supported" in capsys.readouterr().err
