@@ -138,7 +138,8 @@ class SpecState:
         if self.acceptance < MIN_ACCEPTANCE:
             self.pause = self.next_pause
             self.next_pause = min(2 * self.next_pause, LONGEST_PAUSE)
-            self.acceptance = 2 * MIN_ACCEPTANCE  # one good verification keeps it going
+            # After the pause one try: a miss pauses again (twice as long), a hit goes on.
+            self.acceptance = MIN_ACCEPTANCE + 0.1
         elif rate >= 0.5:
             self.next_pause = FIRST_PAUSE
 

@@ -143,6 +143,16 @@ def test_drafts_stop_at_max_tokens_and_stop_tokens(checkpoints):
     assert out == reference[: reference.index(stop) + 1]
 
 
+def test_seeded_sampling_with_drafts_is_reproducible(checkpoints):
+    ck = checkpoints["qwen3"]
+    llm = make(ck)
+    params = SamplingParams(temperature=0.8, top_k=20, seed=7, max_tokens=NEW, ignore_eos=True)
+    first = run(llm, prompts_for(ck)[:4], params)
+    assert run(llm, prompts_for(ck)[:4], params) == first  # the request's own generator
+    assert all(len(out) == NEW and max(out) < 320 for out in first)
+    assert llm.engine.drafter.stats.num_draft_tokens > 0
+
+
 def test_hybrid_state_models_refuse_speculation(bamba_checkpoint):
     with pytest.raises(ValueError, match=r"Mamba state.*cannot be rewound"):
         make(bamba_checkpoint)
