@@ -50,11 +50,19 @@ class SeqChunk:
     grammar: GrammarRow | None = None
     """The sequence's grammar state (kvserve.structured.state) when its output is
     constrained: the runner reads it to mask the row's logits, never advances it."""
+    draft_token_ids: Sequence[int] = ()
+    """Speculative decoding: draft tokens after the sequence's last token, computed at
+    the plan's last `num_lookahead_tokens` positions. The runner verifies them: its
+    token for the chunk follows the drafts it accepts (`StepOutput.num_accepted`)."""
 
     @property
     def new_token_ids(self) -> Sequence[int]:
-        """The tokens this step computes."""
-        return self.token_ids[self.plan.start : self.plan.end]
+        """The tokens this step computes (the drafts last)."""
+        plan = self.plan
+        if not self.draft_token_ids:
+            return self.token_ids[plan.start : plan.end]
+        own = self.token_ids[plan.start : plan.end - len(self.draft_token_ids)]
+        return [*own, *self.draft_token_ids]
 
 
 @dataclass(slots=True)
@@ -84,6 +92,9 @@ class StepOutput:
     logprobs: list[TokenLogprobs | None] | None = None
     """Per chunk, for the sampled chunks whose params ask for logprobs; None when no
     chunk of the step asked (the common case costs nothing)."""
+    num_accepted: list[int] | None = None
+    """Per chunk, how many of its draft tokens were accepted (they come before its token
+    in `tokens`); None when no chunk of the step had drafts."""
     errors: dict[int, str] | None = None
     """Chunk index -> why its row failed (its token is None): the engine fails that
     request alone and the step's other tokens stand. None when every row sampled."""

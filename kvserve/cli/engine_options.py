@@ -41,6 +41,7 @@ _SPECIAL: dict[str, dict[str, Any]] = {
     "hash_fn": {"flags": ("--hash", "--hash-fn"), "choices": sorted(HASH_FUNCTIONS)},
     "kv_events_config": {"type": str, "metavar": "JSON"},  # the engine parses the JSON
     "offload": {"metavar": "TIERS"},
+    "speculative_config": {"type": str, "metavar": "JSON"},  # the engine parses the JSON
 }
 
 

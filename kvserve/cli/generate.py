@@ -216,6 +216,10 @@ def _print_summary(stats: dict[str, Any], args: argparse.Namespace) -> None:
             f"{stats['offload_bytes_saved'] / 2**20:.1f} MiB saved"
             + (f", {dropped} block writes dropped" if dropped else "")
         )
+    if "spec_draft_tokens" in stats:
+        drafted, accepted = stats["spec_draft_tokens"], stats["spec_accepted_tokens"]
+        share = f"{accepted / drafted:.1%}" if drafted else "n/a"
+        print(f"speculative: {accepted} of {drafted} draft tokens accepted ({share})")
     print(
         f"KV blocks: peak {stats['peak_blocks_used']} of {stats['num_kv_blocks']} "
         f"(block size {args.block_size}), duplicates {stats['duplicate_blocks_peak']}, "

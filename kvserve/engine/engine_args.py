@@ -108,6 +108,14 @@ class EngineArgs:
                        "\"endpoint\": \"tcp://*:5557\", \"replay_endpoint\": \"tcp://*:5558\"}' "
                        "(watch them with `kvserve events`); default: no events"),
     )  # fmt: skip
+    speculative_config: Any = field(
+        default=None,
+        metadata=_help("speculative decoding: vLLM's keys as JSON (in Python also a dict), e.g. "
+                       "'{\"method\": \"ngram\", \"num_speculative_tokens\": 3, "
+                       "\"prompt_lookup_max\": 4}' (prompt lookup: drafts copied from the "
+                       "sequence's earlier tokens, verified in one step; greedy output is "
+                       "unchanged); default: off"),
+    )  # fmt: skip
     offload: str | None = field(
         default=None,
         metadata=_help("external KV tiers below the pool, e.g. cpu:8GiB,disk:/path/to/dir:50GiB "
@@ -139,3 +147,7 @@ class EngineArgs:
             from kvserve.events.config import KVEventsConfig
 
             KVEventsConfig.from_any(self.kv_events_config)  # the engine reads it again
+        if self.speculative_config is not None:
+            from kvserve.engine.speculative import SpeculativeConfig
+
+            SpeculativeConfig.from_any(self.speculative_config)  # the engine reads it again

@@ -14,12 +14,14 @@ from typing import Any
 
 from kvserve.batch import Runner
 from kvserve.engine.content_tracker import tracker_for
+from kvserve.engine.drafter import Drafter
 from kvserve.engine.engine_args import EngineArgs
 from kvserve.engine.engine_stats import EngineStats
 from kvserve.engine.grammar import EngineGrammars
 from kvserve.engine.logprobs import LogprobsRecorder
 from kvserve.engine.request import Request, RequestStatus
 from kvserve.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, sampled_tokens
+from kvserve.engine.scheduler_output import accepted_drafts
 from kvserve.engine.stop import StopChecker
 from kvserve.engine.tiers import EngineTiers
 from kvserve.engine.user_request import UserRequest
@@ -93,6 +95,8 @@ class LLMEngine:
         self.connector = self.tiers.connector if self.tiers is not None else None
         self.stop_checker = StopChecker(self.tokenizer, runner.eos_token_ids)
         self.logprobs = LogprobsRecorder(self.tokenizer)
+        self.drafter = Drafter.build(args.speculative_config, runner.kv_cache_specs)
+        """Speculative decoding (kvserve.engine.drafter); None when it is off."""
         self.scheduler = Scheduler(
             self.manager,
             SchedulerConfig(
@@ -102,6 +106,7 @@ class LLMEngine:
             ),
             stop_checker=self.stop_checker,
             connector=self.connector,
+            drafter=self.drafter,
         )
         self.stats = EngineStats()
         self.tracker = tracker_for(runner.kv_cache_specs, args.block_size)
@@ -174,6 +179,7 @@ class LLMEngine:
                     parent_id=request_id,
                     index=index,
                     grammar=None if grammar is None else grammar(),
+                    spec=None if self.drafter is None else self.drafter.state_for(child),
                 )
             )
         added: list[Request] = []
@@ -294,10 +300,10 @@ class LLMEngine:
             if rid not in self._admitted:
                 self._admitted.add(rid)
                 tracker.admitted(chunk.request)
-        sampled, failed = self._execute(out) if out.chunks else ({}, {})
+        sampled, failed, accepted = self._execute(out) if out.chunks else ({}, {}, {})
         for req in out.preempted:
             tracker.released(req)
-        finished = self.scheduler.update(out, sampled, failed)
+        finished = self.scheduler.update(out, sampled, failed, accepted)
         tracker.after_step(out, self._tables_of)
         for req in finished:
             tracker.released(req)
@@ -306,7 +312,7 @@ class LLMEngine:
         failed_users = {r.parent_id for r in finished if r.status is RequestStatus.FINISHED_ERROR}
         for parent_id in failed_users:  # its other completions stop with it
             self._abort_sequences(self._requests[parent_id])
-        self.stats.generated_tokens += len(sampled)
+        self.stats.generated_tokens += len(sampled) + sum(accepted.values())
         elapsed = time.perf_counter() - t0
         if any(c.num_tokens > 1 or c.start < c.request.num_prompt_tokens for c in out.chunks):
             self.stats.prefill_step_seconds += elapsed
@@ -339,10 +345,12 @@ class LLMEngine:
         except KeyError:
             return []
 
-    def _execute(self, out: SchedulerOutput) -> tuple[dict[str, int], dict[str, str]]:
+    def _execute(
+        self, out: SchedulerOutput
+    ) -> tuple[dict[str, int], dict[str, str], dict[str, int]]:
         """The runner's step over the scheduler's plans, with tier loads and saves around it;
-        the logprobs it reports go to their requests. Returns the sampled tokens and the
-        requests whose rows failed (request id -> why)."""
+        the logprobs it reports go to their requests. Returns the sampled tokens, the
+        requests whose rows failed (request id -> why) and the drafts each accepted."""
         chunks = out.seq_chunks(self.manager)
         tiers = self.tiers
         if tiers is not None:
@@ -353,7 +361,7 @@ class LLMEngine:
         if step.logprobs is not None:
             self.logprobs.record([c.request for c in out.chunks], step)
         failed = {chunks[i].request_id: why for i, why in (step.errors or {}).items()}
-        return sampled_tokens(chunks, step), failed
+        return sampled_tokens(chunks, step), failed, accepted_drafts(chunks, step)
 
     def stats_dict(self) -> dict[str, Any]:
         """The simulate counters under the same names, plus cache counters."""
@@ -374,6 +382,7 @@ class LLMEngine:
             "decode_step_seconds": self.stats.decode_step_seconds,
             "external_hit_tokens": s.external_hit_tokens,
             **(self.tiers.stats() if self.tiers is not None else {}),
+            **(self.drafter.stats_dict() if self.drafter is not None else {}),
         }
 
 

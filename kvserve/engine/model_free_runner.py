@@ -70,6 +70,7 @@ class ModelFreeRunner:
         """The next token of every chunk that reaches its sequence's end."""
         sampled: list[int | None] = []
         logprobs: list[TokenLogprobs | None] | None = None
+        num_accepted: list[int] | None = None
         if self.kv is not None:
             for chunk in chunks:
                 self.kv.run(chunk)
@@ -83,13 +84,23 @@ class ModelFreeRunner:
                 state = _mix(state, token)
             self._state[chunk.request_id] = (len(tokens), state)
             token = (state >> 17) % self.sampled_vocab
+            if chunk.draft_token_ids:  # verified against its own next tokens, like greedy
+                accepted = 0
+                for draft in chunk.draft_token_ids:
+                    if draft != token:
+                        break
+                    state = _mix(state, draft)
+                    token = (state >> 17) % self.sampled_vocab
+                    accepted += 1
+                num_accepted = num_accepted or [0] * len(chunks)
+                num_accepted[i] = accepted
             sampled.append(token)
             if chunk.params is not None and chunk.params.logprobs is not None:
                 if logprobs is None:
                     logprobs = [None] * len(chunks)
                 top = [token] if chunk.params.logprobs else []
                 logprobs[i] = TokenLogprobs(0.0, 1, top, [0.0] * len(top))
-        return StepOutput(sampled, logprobs)
+        return StepOutput(sampled, logprobs, num_accepted)
 
     def free_request(self, request_id: str) -> None:
         self._state.pop(request_id, None)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kvserve.engine.detokenizer import OutputText
+from kvserve.engine.speculative import SpecState
 from kvserve.outputs import Logprob
 from kvserve.sampling_params import SamplingParams
 
@@ -66,6 +67,9 @@ class Request:
     grammar: GrammarState | None = None
     """Its own matcher when `params.structured_outputs` is set (kvserve.structured.state):
     the stop checker advances it, the runner reads it."""
+    spec: SpecState | None = None
+    """Its speculative decoding (acceptance, back-off) when the engine speculates and its
+    sampling can be verified (kvserve.engine.drafter); None: it never drafts."""
 
     def __post_init__(self) -> None:
         if not self.num_prompt_tokens:

@@ -12,15 +12,18 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from kvserve.batch import SeqChunk, StepOutput
+from kvserve.engine.drafter import Drafter
 from kvserve.engine.request import Request, RequestStatus
+from kvserve.engine.scheduler_output import ScheduledChunk, SchedulerOutput, sampled_tokens
 from kvserve.engine.stop import StopChecker
 from kvserve.kvcache.manager import KVCacheManager
 
 log = logging.getLogger("kvserve.engine")
+__all__ = ["ScheduledChunk", "Scheduler", "SchedulerConfig", "SchedulerOutput", "sampled_tokens"]
 
 
 @dataclass(slots=True)
@@ -38,52 +41,6 @@ class SchedulerConfig:
             )
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
-
-
-@dataclass(slots=True)
-class ScheduledChunk:
-    """`num_tokens` tokens of `request`, starting at position `start`."""
-
-    request: Request
-    start: int
-    num_tokens: int
-
-    @property
-    def samples(self) -> bool:
-        """True when the chunk reaches the sequence's last token (its logits are used)."""
-        return self.start + self.num_tokens == len(self.request.token_ids)
-
-
-@dataclass(slots=True)
-class SchedulerOutput:
-    chunks: list[ScheduledChunk] = field(default_factory=list)
-    preempted: list[Request] = field(default_factory=list)
-    rejected: list[Request] = field(default_factory=list)
-
-    @property
-    def num_batched_tokens(self) -> int:
-        return sum(c.num_tokens for c in self.chunks)
-
-    def seq_chunks(self, manager: KVCacheManager) -> list[SeqChunk]:
-        """The step as a runner reads it: each request's tokens, its plan, sampling."""
-        step_plan = manager.step_plan
-        return [
-            SeqChunk(
-                request_id=c.request.request_id,
-                token_ids=c.request.token_ids,
-                plan=step_plan(c.request.request_id),
-                sample=c.samples,
-                params=c.request.params,
-                num_generated=c.request.num_output_tokens,
-                grammar=c.request.grammar,
-            )
-            for c in self.chunks
-        ]
-
-
-def sampled_tokens(chunks: list[SeqChunk], step: StepOutput) -> dict[str, int]:
-    """Request id -> its new token, for every chunk that sampled (what `update` takes)."""
-    return {c.request_id: t for c, t in zip(chunks, step.tokens, strict=True) if t is not None}
 
 
 def _fail(req: Request, why: str) -> tuple[RequestStatus, None]:
@@ -117,10 +74,13 @@ class Scheduler:
         config: SchedulerConfig | None = None,
         stop_checker: StopChecker | None = None,
         connector: Any = None,
+        drafter: Drafter | None = None,
     ) -> None:
         """`stop_checker`: decides when a sampled token ends a request (default: only
-        max_tokens); `connector`: external KV tiers (kvserve.offload) or None."""
+        max_tokens); `connector`: external KV tiers (kvserve.offload) or None;
+        `drafter`: draft tokens for speculative decoding (kvserve.engine.drafter) or None."""
         self.manager = manager
+        self.drafter = drafter
         self.connector = connector
         self.config = config or SchedulerConfig()
         self.stop_checker = stop_checker or StopChecker(None, set())
@@ -213,6 +173,10 @@ class Scheduler:
         clock = time.perf_counter
         t0 = clock()
         running = self.running
+        allocate = manager.allocate_slots
+        spec = self.drafter
+        if spec is not None and len(running) > spec.config.max_batch_size:
+            spec = None  # a batch's decode rows fill the products: drafts do not pay
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
@@ -226,19 +190,23 @@ class Scheduler:
                     computed += hit.num_tokens
             remaining = len(req.token_ids) - computed
             num_new = remaining if remaining <= budget else self._chunk(req, computed, budget)
-            while not manager.allocate_slots(req.request_id, num_new, computed, hit):
-                victim = running.pop()
-                self._preempt(victim, out)
-                if victim is req:
-                    break
-            else:
+            drafts = spec.drafts(req, budget, self.config.max_model_len) if spec else ()
+            allocated = bool(drafts) and allocate(req.request_id, 1, computed, None, len(drafts))
+            if not allocated:
+                drafts = ()  # no room for drafts: a plain decode (preempting, as ever)
+                while not (allocated := allocate(req.request_id, num_new, computed, hit)):
+                    victim = running.pop()
+                    self._preempt(victim, out)
+                    if victim is req:
+                        break
+            if allocated:
                 if hit is not None:
                     self.stats.prefix_hit_tokens += hit.num_tokens
                     if not req.num_preemptions:
                         req.num_cached_tokens += hit.num_tokens
                     req.num_computed_tokens = computed
-                out.chunks.append(ScheduledChunk(req, computed, num_new))
-                budget -= num_new
+                out.chunks.append(ScheduledChunk(req, computed, num_new, drafts))
+                budget -= num_new + len(drafts)
                 i += 1
         waiting = self.waiting
         max_seqs = self.config.max_num_seqs
@@ -321,27 +289,27 @@ class Scheduler:
             self.connector.request_finished(rid)
 
     def update(
-        self, out: SchedulerOutput, sampled: dict[str, int], failed: dict[str, str] | None = None
+        self,
+        out: SchedulerOutput,
+        sampled: dict[str, int],
+        failed: dict[str, str] | None = None,
+        accepted: dict[str, int] | None = None,
     ) -> list[Request]:
         """Apply a finished step: advance computed tokens, append samples, finish.
 
         `sampled` maps request id -> new token for every chunk that samples,
         except those in `failed` (request id -> why its row failed), which
         finish with FINISHED_ERROR, as does a request whose stop check raises:
-        one request's fault is never another's. Stop checks happen here and only
-        here (with the new token's text, which stop strings are matched on).
-        Returns the requests that finished in this step.
+        one request's fault is never another's. `accepted`: request id -> how
+        many of its drafts the runner accepted, appended before its token.
+        Stop checks happen here and only here (with the new token's text,
+        which stop strings are matched on). Returns the requests that finished.
         """
         clock = time.perf_counter
-        t0 = clock()
-        self.manager.end_step()
-        self.stats.manager_seconds += clock() - t0
         self.stats.steps += 1
-        fail = _fail
-        status: RequestStatus | None
         finished: list[Request] = []
         stats = self.stats
-        check = self.stop_checker.check
+        status: RequestStatus | None
         for chunk in out.chunks:
             req = chunk.request
             prefill_end = self._prefill_end[req.request_id]
@@ -354,23 +322,46 @@ class Scheduler:
             token = sampled.get(req.request_id)
             if token is None:
                 why = (failed or {}).get(req.request_id, "the runner sampled no token")
-                status, reason = fail(req, why)
+                status, reason = _fail(req, why)
             else:
-                req.token_ids.append(token)
-                try:
-                    status, reason = check(req, token)
-                except Exception as exc:  # a bug in its stop check or text: it alone fails
-                    log.exception("request %s: its stop check failed", req.request_id)
-                    status, reason = fail(req, f"{type(exc).__name__}: {exc}"[:500])
+                num_accepted = (accepted or {}).get(req.request_id, 0)
+                status, reason = self._append(req, chunk.draft_token_ids, num_accepted, token)
             if status is not None:
                 req.status = status
                 req.stop_reason = reason
                 finished.append(req)
+        t0 = clock()
+        self.manager.end_step()  # after accept_tokens: the blocks it registered are computed
+        for req in finished:
+            self._free(req)
+        stats.manager_seconds += clock() - t0
         if finished:
-            t0 = clock()
-            for req in finished:
-                self._free(req)
-            self.stats.manager_seconds += clock() - t0
             done = set(map(id, finished))
             self.running = [r for r in self.running if id(r) not in done]
         return finished
+
+    def _append(
+        self, req: Request, drafts: Sequence[int], num_accepted: int, token: int
+    ) -> tuple[RequestStatus | None, int | str | None]:
+        """Append the accepted drafts, then `token`, each stop-checked (the first that
+        stops is the last); the drafts appended count as computed (the step wrote their
+        K/V), and the blocks they fill are registered (`accept_tokens`, before end_step)."""
+        status: RequestStatus | None = None
+        reason: int | str | None = None
+        for n, new in enumerate((*drafts[:num_accepted], token)):
+            req.token_ids.append(new)
+            try:
+                status, reason = self.stop_checker.check(req, new)
+            except Exception as exc:  # a bug in its stop check or text: it alone fails
+                log.exception("request %s: its stop check failed", req.request_id)
+                status, reason = _fail(req, f"{type(exc).__name__}: {exc}"[:500])
+            if status is not None or n == num_accepted:
+                kept = min(n + 1, num_accepted)
+                break
+        if drafts and self.drafter is not None:
+            if kept:
+                req.num_computed_tokens += kept
+                self.stats.decode_tokens_computed += kept
+                self.manager.accept_tokens(req.request_id, req.num_computed_tokens)
+            self.drafter.verified(req, len(drafts), num_accepted)
+        return status, reason

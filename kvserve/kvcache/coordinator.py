@@ -91,7 +91,7 @@ class Coordinator:
         """
         start = seq.step_start
         num_new_tokens = seq.step_tokens
-        end = start + num_new_tokens
+        end = start + num_new_tokens  # the drafts after it are never cacheable
         # tuple.__new__: the fields in order, without NamedTuple's Python-level __new__.
         return _new_plan(
             StepPlan,
@@ -99,13 +99,14 @@ class Coordinator:
                 seq.request_id,
                 seq.plan_ids or seq.rebuild_block_ids(),
                 start,
-                num_new_tokens,
+                num_new_tokens + seq.step_lookahead,
                 seq.skip_write_tokens,
                 tuple(seq.copies),
                 tuple(seq.state_plans) if seq.state_plans else None,
                 min(end // self.block_size, len(seq.block_hashes))
                 if self.enable_caching and not seq.cache_chain_broken
                 else 0,
+                seq.step_lookahead,
             ),
         )
 
@@ -152,6 +153,7 @@ class Coordinator:
             if seq in self._merging:
                 self._merging.remove(seq)
         seq.num_cached_blocks = 0
+        seq.slot_end = 0
         seq.cache_chain_broken = False
         seq.skip_write_tokens = 0
         seq.copies.clear()

@@ -53,6 +53,11 @@ def count_duplicate_blocks(manager: KVCacheManager, num_computed: dict[str, int]
     return duplicates
 
 
+def _holds_cached(blocks: list[KVBlock]) -> bool:
+    """Whether any of `blocks` is registered in the index (as a whole, or an entry in it)."""
+    return any(b.block_hash is not None or b.entries for b in blocks if b.block_id)
+
+
 def check_invariants(
     manager: KVCacheManager,
     num_computed: dict[str, int] | None = None,
@@ -149,19 +154,26 @@ def check_invariants(
                     )
     if num_computed is None:
         return
-    # 6. slots exist for exactly the computed tokens; a window keeps what it reads.
+    # 6. slots exist for exactly the computed tokens, and for the draft tokens of the
+    # last allocation (kept for the next ones); only accepted tokens' blocks are cached.
     for seq in seqs:
         if seq.request_id not in num_computed:
             raise InvariantError(f"{seq.request_id} holds blocks but is not running")
         computed = num_computed[seq.request_id]
         for group, table in zip(manager.groups, seq.kv_blocks, strict=True):
             need = -(-computed // group.block_size)
+            most = max(need, -(-seq.slot_end // group.block_size))
             if group.kind == "mamba":
-                need = 1 if computed else 0  # the running state
-            if len(table) != need:
+                need = most = 1 if computed else 0  # the running state
+            if not need <= len(table) <= most:
                 raise InvariantError(
                     f"{seq.request_id}: {len(table)} blocks for "
-                    f"{computed} computed tokens (need {need})"
+                    f"{computed} computed tokens (need {need}, drafts up to {most})"
+                )
+            partial = table[computed // bs :]  # blocks not yet full of computed tokens
+            if between_steps and group.block_size == bs and _holds_cached(partial):
+                raise InvariantError(
+                    f"{seq.request_id}: a block past its {computed} computed tokens is cached"
                 )
             if group.kind == "sliding_window":
                 # The next token (at `computed`) reads keys from computed - W + 1 on.

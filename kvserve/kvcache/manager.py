@@ -40,6 +40,7 @@ class KVCacheManager:
         self.enable_caching = config.enable_prefix_caching
         self.pool = BlockPool(config.num_blocks, num_groups=len(specs))
         has_state = any(isinstance(spec, MambaStateSpec) for spec in specs)
+        self._has_state = has_state
         self.coordinator = self._coordinator_type(has_state)(config, self.pool, specs)
         self.groups = self.coordinator.groups
         self.hasher = self.coordinator.hasher
@@ -124,15 +125,46 @@ class KVCacheManager:
         reads any more are released first either way). Full blocks whose
         tokens are all scheduled are registered now, as pending, so a request
         admitted later in this same step shares them (design.md invariant 7).
+        `num_lookahead_tokens` more slots follow for draft tokens (speculative
+        decoding): written by the step, never registered; the engine counts
+        the accepted ones as computed, and the next allocation registers a
+        block once all its tokens are accepted. Refused (ValueError) with
+        state groups: a Mamba state cannot be rewound past a rejected draft.
         """
         seq = self._seqs[request_id]
+        if num_lookahead_tokens and self._has_state:
+            raise ValueError(
+                "draft tokens need state that can be rewound: a Mamba state group's "
+                "running state cannot take lookahead slots"
+            )
         if not self._allocate(
             seq, num_new_tokens, num_computed_tokens, hit, num_lookahead_tokens, num_external_tokens
         ):
             return False
-        seq.step_start = num_computed_tokens + num_external_tokens
+        seq.step_start = start = num_computed_tokens + num_external_tokens
         seq.step_tokens = num_new_tokens
+        seq.step_lookahead = num_lookahead_tokens
+        end = start + num_new_tokens + num_lookahead_tokens
+        if end > seq.slot_end:
+            seq.slot_end = end
         return True
+
+    def accept_tokens(self, request_id: str, num_computed_tokens: int) -> None:
+        """After a verification step: the request's tokens up to `num_computed_tokens`
+        (its accepted drafts included, already appended) hold their K/V.
+
+        Blocks they fill are hashed and registered now (pending until
+        `end_step`, like any block scheduled in the step), so a rejected
+        draft never reaches a hash, an index entry, an event or a tier.
+        Call before `end_step`.
+        """
+        seq = self._seqs[request_id]
+        if num_computed_tokens > seq.slot_end or num_computed_tokens > len(seq.token_ids):
+            raise ValueError(
+                f"request {request_id}: {num_computed_tokens} accepted tokens but slots "
+                f"for {seq.slot_end} and {len(seq.token_ids)} tokens"
+            )
+        self._allocate(seq, 0, num_computed_tokens, None, 0, 0)
 
     def step_plan(self, request_id: str) -> StepPlan:
         """The request's plan for the step being scheduled: what the runner must do.

@@ -71,6 +71,10 @@ class StepPlan(NamedTuple):
     num_cacheable_blocks: int = 0
     """Leading hash blocks whose K/V may be offered to external tiers after this step
     (0 with prefix caching off or after a hash collision broke the chain)."""
+    num_lookahead_tokens: int = 0
+    """The last positions of [start, end) are draft tokens (speculative decoding): their
+    slots are written and read by this step's later positions, but their K/V counts only
+    once the engine accepts them; their blocks are never registered for them."""
 
     @property
     def end(self) -> int:

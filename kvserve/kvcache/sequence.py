@@ -48,7 +48,12 @@ class CacheSequence:
     step_start: int = 0
     """First position computed by the step being scheduled (its plan's `start`)."""
     step_tokens: int = 0
-    """Positions it computes (its plan's `num_tokens`)."""
+    """Scheduled positions it computes (its plan's `num_tokens` less the lookahead)."""
+    step_lookahead: int = 0
+    """Draft positions after them that have slots too (its plan's `num_lookahead_tokens`)."""
+    slot_end: int = 0
+    """End of the last allocation's slots, lookahead included: blocks past the computed
+    tokens hold only draft slots, never registered (check_invariants, 6)."""
     table_ids: list[tuple[int, ...]] = field(default_factory=list)
     """Per group, the block ids of `kv_blocks` as last handed out in a plan: tables
     mostly grow at the end, so a plan extends this instead of rebuilding it."""

@@ -1,4 +1,4 @@
-"""Which torch device the engine runs on, checked before anything is loaded.
+"""Which torch device (and dtype) the engine runs on, checked before anything is loaded.
 
 torch's own errors for a device it cannot use are a parser message listing twenty
 device types ("tpu"), or an assertion deep in its CUDA initialisation ("cuda" on a
@@ -43,3 +43,26 @@ def resolve_device(name: str) -> torch.device:
             f"device {name!r} is not available: this machine has {count} CUDA device(s)"
         )
     return device
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+CPU_FLOAT16_WARNING = (
+    "dtype float16 on the CPU decodes far slower than float32 or bfloat16 (the CPU has "
+    "few float16 kernels): use bfloat16 for half the memory of float32"
+)
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """ "auto" is float32 on CPU (exact, and fast enough there) and bfloat16 on CUDA."""
+    if name == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise ValueError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {name!r}") from None

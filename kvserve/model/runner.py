@@ -28,7 +28,7 @@ from kvserve.kvcache.specs import (
 )
 from kvserve.model.attention.step_metadata import check_backend, step_metadata
 from kvserve.model.checkpoint.tokenizer import load_tokenizer
-from kvserve.model.device import resolve_device
+from kvserve.model.device import CPU_FLOAT16_WARNING, default_device, resolve_device, resolve_dtype
 from kvserve.model.loader import load_model
 from kvserve.model.memory.kv_layout import layer_caches, layer_kv_specs
 from kvserve.model.memory.kv_memory import allocate_kv_caches, cpu_kv_cache_memory, num_blocks_for
@@ -39,31 +39,10 @@ from kvserve.model.sampling.logprobs import token_logprobs
 from kvserve.model.sampling.penalties import apply_penalties
 from kvserve.model.sampling.rows import each_row
 from kvserve.model.sampling.sampler import sample
+from kvserve.model.sampling.speculative import verify
 from kvserve.model.threads import default_num_threads
 
 logger = logging.getLogger(__name__)
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-CPU_FLOAT16_WARNING = (
-    "dtype float16 on the CPU decodes far slower than float32 or bfloat16 (the CPU has "
-    "few float16 kernels): use bfloat16 for half the memory of float32"
-)
-
-
-def default_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """ "auto" is float32 on CPU (exact, and fast enough there) and bfloat16 on CUDA."""
-    if name == "auto":
-        if device.type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.float32
-    try:
-        return DTYPES[name]
-    except KeyError:
-        raise ValueError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {name!r}") from None
 
 
 class ModelRunner:
@@ -243,11 +222,13 @@ class ModelRunner:
             input_ids.extend(chunk.new_token_ids)
             positions.extend(range(chunk.plan.start, chunk.plan.end))
         device = self.device
-        rows, sampled = [], []
+        rows, sampled, drafted = [], [], []
         last = -1
-        for chunk in chunks:
+        for i, chunk in enumerate(chunks):
             last += chunk.plan.num_tokens
-            if chunk.sample:
+            if chunk.draft_token_ids:  # rows of its last token and of each draft
+                drafted.append((i, last - len(chunk.draft_token_ids), last + 1))
+            elif chunk.sample:
                 rows.append(last)
                 sampled.append(chunk)
         with torch.inference_mode():
@@ -263,28 +244,53 @@ class ModelRunner:
                     self.kv_caches,
                     [group_metas[g] for g in self.layer_groups.layer_group],
                 )
-            if not rows:
-                return StepOutput([None] * len(chunks))
-            last_hidden, logits_of = hidden[rows], self.model.compute_logits
-            tokens: Sequence[int | None]
-            failed: dict[int, str] = {}
-            try:
-                tokens, logprobs = self._sample(logits_of(last_hidden), sampled)
-            except Exception:  # one row's fault fails its request alone: each row on its own
-                logger.warning("sampling a step failed; its rows are sampled one by one")
-                tokens, logprobs, failed = each_row(
-                    len(sampled),
-                    lambda i: self._sample(logits_of(last_hidden[i : i + 1]), [sampled[i]]),
-                )
-        found = iter(tokens)
-        step = StepOutput([next(found) if chunk.sample else None for chunk in chunks])
-        if failed:
-            index = [i for i, chunk in enumerate(chunks) if chunk.sample]
-            step.errors = {index[row]: message for row, message in failed.items()}
+            logits_of = self.model.compute_logits
+            tokens, logprobs, failed = self._sample_rows(hidden[rows], sampled, logits_of)
+            verified = [self._verify(logits_of(hidden[a:b]), chunks[i]) for i, a, b in drafted]
+        step = StepOutput([None] * len(chunks))
+        plain = [i for i, chunk in enumerate(chunks) if chunk.sample and not chunk.draft_token_ids]
+        for i, token in zip(plain, tokens, strict=True):
+            step.tokens[i] = token
+        errors = {plain[row]: message for row, message in failed.items()}
+        if drafted:
+            step.num_accepted = [0] * len(chunks)
+            for (i, _, _), (accepted, token, error) in zip(drafted, verified, strict=True):
+                step.num_accepted[i], step.tokens[i] = accepted, token
+                if error is not None:
+                    errors[i] = error
+        step.errors = errors or None
         if logprobs is not None:
-            found_lp = iter(logprobs)
-            step.logprobs = [next(found_lp) if chunk.sample else None for chunk in chunks]
+            found = dict(zip(plain, logprobs, strict=True))
+            step.logprobs = [found.get(i) for i in range(len(chunks))]
         return step
+
+    def _sample_rows(
+        self, hidden: torch.Tensor, sampled: list[SeqChunk], logits_of: Any
+    ) -> tuple[Sequence[int | None], list[TokenLogprobs | None] | None, dict[int, str]]:
+        """`_sample` over the sampled rows' hidden states; if it raises, row by row (fresh
+        logits each), so one row's fault fails its request alone ({row: why})."""
+        if not sampled:
+            return [], None, {}
+        try:
+            tokens, logprobs = self._sample(logits_of(hidden), sampled)
+            return tokens, logprobs, {}
+        except Exception:
+            logger.warning("sampling a step failed; its rows are sampled one by one")
+            return each_row(
+                len(sampled), lambda i: self._sample(logits_of(hidden[i : i + 1]), [sampled[i]])
+            )
+
+    def _verify(self, logits: torch.Tensor, chunk: SeqChunk) -> tuple[int, int | None, str | None]:
+        """A chunk with drafts: (drafts accepted, the token after them, why it failed);
+        penalties, bias, grammars and logprobs never reach here (kvserve.engine.drafter)."""
+        try:
+            accepted, token = verify(
+                logits, chunk.draft_token_ids, chunk.params, self._generator(chunk)
+            )
+        except Exception as exc:  # its request fails alone
+            logger.exception("request %s: verifying its drafts failed", chunk.request_id)
+            return 0, None, f"{type(exc).__name__}: {exc}"[:500]
+        return accepted, token, None
 
     def _sample(
         self, logits: torch.Tensor, chunks: list[SeqChunk]

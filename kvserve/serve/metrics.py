@@ -54,6 +54,9 @@ class EngineSnapshot:
     """(finish reason, completions finished with it) since start."""
     dropped_writes: tuple[tuple[str, int], ...] = ()
     """(tier medium, KV block writes to it that did not land) since start; () without tiers."""
+    spec_decode: tuple[int, int, int, tuple[int, ...]] | None = None
+    """Speculative decoding's (drafts, draft tokens, accepted tokens, accepted per
+    position) since start; None when the engine does not speculate."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -196,6 +199,8 @@ class _StateCollector(Collector):
             for medium, count in snap.dropped_writes:
                 dropped.add_metric([self.model_name, medium], count)
             yield dropped
+        if snap.spec_decode is not None:
+            yield from _spec_decode_families(p, self.model_name, snap.spec_decode)
         cache = self.cache
         info = GaugeMetricFamily(
             f"{p}:cache_config_info",
@@ -288,7 +293,47 @@ class EngineObserver:
             generation_tokens=engine.stats.generated_tokens,
             finished=tuple(sorted(self._finished.items())),
             dropped_writes=_dropped_writes(engine),
+            spec_decode=_spec_decode(engine),
         )
+
+
+def _spec_decode(engine: LLMEngine) -> tuple[int, int, int, tuple[int, ...]] | None:
+    drafter = engine.drafter
+    if drafter is None:
+        return None
+    stats = drafter.stats
+    per_pos = tuple(stats.accepted_per_pos or (0,) * drafter.config.num_speculative_tokens)
+    return stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens, per_pos
+
+
+def _spec_decode_families(
+    p: str, model_name: str, spec: tuple[int, int, int, tuple[int, ...]]
+) -> Iterator[Metric]:
+    """vLLM's spec_decode series: its v1 counters, and v0's acceptance-rate gauge."""
+    drafts, draft_tokens, accepted, per_pos = spec
+    for name, doc, value in (
+        ("spec_decode_num_drafts", "Verification rows: steps in which a request drafted.", drafts),
+        ("spec_decode_num_draft_tokens", "Draft tokens proposed.", draft_tokens),
+        ("spec_decode_num_accepted_tokens", "Draft tokens the target model accepted.", accepted),
+    ):
+        family = CounterMetricFamily(f"{p}:{name}", doc, labels=["model_name"])
+        family.add_metric([model_name], value)
+        yield family
+    by_pos = CounterMetricFamily(
+        f"{p}:spec_decode_num_accepted_tokens_per_pos",
+        "Accepted draft tokens by their position in the draft (0: first).",
+        labels=["model_name", "position"],
+    )
+    for position, count in enumerate(per_pos):
+        by_pos.add_metric([model_name, str(position)], count)
+    yield by_pos
+    rate = GaugeMetricFamily(
+        f"{p}:spec_decode_draft_acceptance_rate",
+        "Accepted over proposed draft tokens since start (0 before any draft).",
+        labels=["model_name"],
+    )
+    rate.add_metric([model_name], accepted / draft_tokens if draft_tokens else 0.0)
+    yield rate
 
 
 def _dropped_writes(engine: LLMEngine) -> tuple[tuple[str, int], ...]:

@@ -7,19 +7,24 @@ fully cached at a block multiple), steps the engine, and aborts a request now
 and then. The pool is small enough to preempt. Every finished completion must
 be exactly transformers' greedy tokens for its prompt; at the end the pool is
 empty and no block was ever held twice.
+
+The same machine runs again with speculative decoding (prompt lookup) on
+prompts that repeat short cycles, so drafts are accepted and rejected while
+requests share blocks, hit, get preempted and abort; the KV cache's
+invariants are checked after every step.
 """
 
 from __future__ import annotations
 
 import itertools
 
-import pytest
 import torch
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
 from kvserve import LLM, SamplingParams
+from kvserve.kvcache import check_invariants
 
 BS = 4
 NEW = 3
@@ -32,16 +37,31 @@ def prompt(length: int, salt: int) -> list[int]:
     return torch.randint(3, 300, (length,), generator=gen).tolist()
 
 
-@pytest.fixture(scope="module")
-def engine_llm(checkpoints):
-    ck = checkpoints["llama"]
-    llm = LLM(ck.path, block_size=BS, num_kv_blocks=16, dtype="float32", device="cpu",
-              num_threads=1, max_num_seqs=12)  # fmt: skip
-    return ck, llm
+def cycle_prompt(length: int, salt: int) -> list[int]:
+    """A cycle of 1 to 3 random tokens repeated: the tiny models tend to go on with it."""
+    gen = torch.Generator().manual_seed(81_000 + salt)
+    return (torch.randint(3, 300, (1 + salt % 3,), generator=gen).tolist() * length)[:length]
 
 
-def test_random_schedules_of_identical_prompts(engine_llm):
-    ck, llm = engine_llm
+def make(ck, **kwargs) -> LLM:
+    return LLM(ck.path, block_size=BS, num_kv_blocks=16, dtype="float32", device="cpu",
+               num_threads=1, max_num_seqs=12, **kwargs)  # fmt: skip
+
+
+def test_random_schedules_of_identical_prompts(checkpoints):
+    llm = make(checkpoints["llama"])
+    run_machine(checkpoints["llama"], llm, NEW, prompt, max_examples=100)
+
+
+def test_random_schedules_with_speculative_decoding(checkpoints):
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "disable_by_batch_size": 12}
+    llm = make(checkpoints["qwen3"], speculative_config=spec)
+    run_machine(checkpoints["qwen3"], llm, 2 * NEW, cycle_prompt, max_examples=20)
+    drafted = llm.engine.drafter.stats
+    assert 0 < drafted.num_accepted_tokens < drafted.num_draft_tokens
+
+
+def run_machine(ck, llm: LLM, new: int, prompt, max_examples: int) -> None:
     engine = llm.engine
     ids = itertools.count()
 
@@ -59,7 +79,7 @@ def test_random_schedules_of_identical_prompts(engine_llm):
         )
         def admit(self, length, salt, copies, completions):
             p = prompt(length, salt)
-            params = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True, n=completions)
+            params = SamplingParams(temperature=0, max_tokens=new, ignore_eos=True, n=completions)
             for _ in range(copies):
                 rid = f"r{next(ids)}"  # unique across examples, shrinking included
                 engine.add_request(rid, p, params)
@@ -70,6 +90,10 @@ def test_random_schedules_of_identical_prompts(engine_llm):
         def step(self, steps):
             for _ in range(steps):
                 self._check(engine.step())
+                if engine.drafter is not None:  # lookahead slots: the invariants each step
+                    running = engine.scheduler.running
+                    computed = {r.request_id: r.num_computed_tokens for r in running}
+                    check_invariants(engine.manager, computed)
 
         @precondition(lambda self: bool(self.prompts))
         @rule(data=st.data())
@@ -82,7 +106,7 @@ def test_random_schedules_of_identical_prompts(engine_llm):
             for out in outputs:
                 if out.finished:
                     p = self.prompts.pop(out.request_id)
-                    expected = ck.reference(p, NEW)
+                    expected = ck.reference(p, new)
                     assert [c.token_ids for c in out.outputs] == [expected] * len(out.outputs)
 
         def teardown(self) -> None:
@@ -96,7 +120,7 @@ def test_random_schedules_of_identical_prompts(engine_llm):
                     engine.abort_request(rid)
 
     EngineMachine.TestCase.settings = settings(
-        max_examples=100,
+        max_examples=max_examples,
         stateful_step_count=12,
         deadline=None,
         suppress_health_check=list(HealthCheck),

@@ -56,6 +56,8 @@ class Scheduled:
     seq: CacheSequence
     start: int
     num_new: int
+    drafts: list[int] = field(default_factory=list)
+    """Draft tokens in lookahead slots (speculative decoding); verified in end_step."""
 
 
 @dataclass
@@ -114,8 +116,11 @@ class Sim:
                 lo += 1
             assert k >= lo, f"{seq.request_id}: hit {k} blocks, {lo} are held by others"
 
-    def schedule(self, seq: CacheSequence, max_new: int | None = None) -> bool:
-        """Look up, then allocate (all or nothing) one chunk of `seq`."""
+    def schedule(
+        self, seq: CacheSequence, max_new: int | None = None, drafts: list[int] | None = None
+    ) -> bool:
+        """Look up, then allocate (all or nothing) one chunk of `seq`; a decode with
+        `drafts` gets lookahead slots for them (speculative decoding)."""
         m, bs, rid = self.m, self.bs, seq.request_id
         assert rid not in self.scheduled
         computed = self.computed.get(rid, 0)
@@ -127,15 +132,25 @@ class Sim:
         remaining = len(seq.token_ids) - start
         assert remaining >= 1
         n = remaining if max_new is None else max(1, min(max_new, remaining))
+        drafts = drafts if drafts and remaining == 1 and not hit.num_tokens else []
         old = list(seq.kv_blocks[0])
         others = [s for s in self.seqs.values() if s is not seq]
         before = snapshot(m, [seq, *others])
-        if not m.allocate_slots(seq.request_id, n, start, hit):
+        if not m.allocate_slots(seq.request_id, n, start, hit, num_lookahead_tokens=len(drafts)):
             assert snapshot(m, [seq, *others]) == before, "failed allocation changed state"
             self.failures += 1
             return False
         table = seq.kv_blocks[0]
-        assert len(table) == ceil_div(start + n, bs), "slots != scheduled tokens"
+        # Slots for the scheduled tokens and the drafts; earlier drafts' blocks are kept.
+        expected = max(len(old), ceil_div(start + n + len(drafts), bs))
+        assert len(table) == expected, "slots != scheduled tokens and drafts"
+        plan = m.step_plan(rid)
+        assert (plan.start, plan.num_tokens, plan.num_lookahead_tokens) == (
+            start,
+            n + len(drafts),
+            len(drafts),
+        )
+        assert plan.num_cacheable_blocks <= (start + n) // bs, "a draft slot is offered"
         assert table[: len(old)] == old
         hit_blocks = hit.blocks[0] if hit.num_tokens else []
         assert table[len(old) : len(old) + len(hit_blocks)] == hit_blocks
@@ -150,16 +165,33 @@ class Sim:
                 self.content[table[i].block_id] = key
         self.seqs[rid] = seq
         self.computed.setdefault(rid, 0)
-        self.scheduled[rid] = Scheduled(seq, start, n)
+        self.scheduled[rid] = Scheduled(seq, start, n, drafts)
         return True
 
     def end_step(self, append: bool = True) -> None:
-        """Run the step: computed counts advance, sampled tokens are appended."""
-        m = self.m
+        """Run the step: drafts verified (accepted ones appended, their blocks registered
+        before end_step), computed counts advance, sampled tokens are appended."""
+        m, bs = self.m, self.bs
         check_invariants(m, between_steps=False)
+        for rid, sch in self.scheduled.items():
+            seq = sch.seq
+            computed = sch.start + sch.num_new
+            accepted = computed
+            for draft in sch.drafts:  # the "model" is next_token: greedy verification
+                if draft != next_token(seq.token_ids):
+                    break
+                seq.token_ids.append(draft)
+                accepted += 1
+            if accepted > computed:
+                m.accept_tokens(rid, accepted)
+                table = seq.kv_blocks[0]
+                for i in range(computed // bs, accepted // bs):  # filled by accepted drafts
+                    assert table[i].ref_cnt == 1, "a block of drafts is shared"
+                    self.content[table[i].block_id] = prefix_key(seq, i, bs)
+                computed = accepted
+            self.computed[rid] = computed
         m.end_step()
         for rid, sch in self.scheduled.items():
-            self.computed[rid] = sch.start + sch.num_new
             if append and self.computed[rid] == len(sch.seq.token_ids):
                 sch.seq.token_ids.append(next_token(sch.seq.token_ids))
         self.scheduled.clear()
@@ -172,7 +204,8 @@ class Sim:
         else:  # duplicates are legal after a collision; slots still exact
             check_invariants(m)
             for rid, seq in self.seqs.items():
-                assert len(seq.kv_blocks[0]) == ceil_div(self.computed[rid], bs)
+                need = ceil_div(self.computed[rid], bs)
+                assert need <= len(seq.kv_blocks[0]) <= max(need, ceil_div(seq.slot_end, bs))
         for rid, seq in self.seqs.items():
             table = seq.kv_blocks[0]
             for i in range(self.computed[rid] // bs):

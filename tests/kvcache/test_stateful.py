@@ -3,7 +3,9 @@
 A rule-based state machine plays a scheduler: admit requests (a small alphabet
 and shared prefixes, so hits and identical prompts are common, some with LoRA
 or salt), run a step (some requests allocate, some in chunks; decodes append a
-token derived from the sequence, so identical sequences continue identically),
+token derived from the sequence, so identical sequences continue identically;
+some decodes carry draft tokens in lookahead slots, verified against that
+token: accepted ones count as computed, rejected slots are reused),
 finish, preempt (free and recompute later), reset the prefix cache. The pool
 is small, so allocations fail and blocks are evicted.
 
@@ -18,7 +20,7 @@ from __future__ import annotations
 import hashlib
 
 from _cache_seqs import add_seq
-from _kvsim import Sim
+from _kvsim import VOCAB, Sim
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -93,7 +95,8 @@ class CacheMachine(RuleBasedStateMachine):
         for rid in chosen:
             seq = self.sim.seqs.get(rid) or self.waiting[rid]
             chunk = data.draw(st.one_of(st.none(), st.integers(1, 3 * self.m.block_size)))
-            if self.sim.schedule(seq, chunk):
+            drafts = data.draw(st.lists(st.integers(0, VOCAB - 1), max_size=3))  # decodes
+            if self.sim.schedule(seq, chunk, drafts):
                 self.waiting.pop(rid, None)
         self._end_step()
 
