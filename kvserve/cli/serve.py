@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from kvserve.cli.common import HelpFormatter, add_model_option, loopback_events, positive
 from kvserve.cli.engine_options import add_engine_options, engine_args_from
 from kvserve.serve.metrics import PREFIXES
+from kvserve.serve.responses_api.store import RESPONSES_STORE_SIZE
 
 if TYPE_CHECKING:
     from kvserve.serve.limits import ServeLimits
@@ -36,6 +37,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             "/detokenize, /health, /version."
         ),
         formatter_class=HelpFormatter,
+    )
+    p.add_argument(
+        "model_arg",
+        nargs="?",
+        metavar="MODEL",
+        help="the model, as `vllm serve MODEL` takes it (the same as --model)",
     )
     add_model_option(p)
     s = p.add_argument_group("server")
@@ -72,6 +79,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--log-requests",
         action="store_true",
         help="log each request's prompt and sampling parameters (off: logs hold no prompt text)",
+    )
+    s.add_argument(
+        "--responses-store-size",
+        type=int,
+        default=RESPONSES_STORE_SIZE,
+        help="/v1/responses kept for GET and previous_response_id (least recently used go "
+        "first; 0: none kept)",
     )
     s.add_argument(
         "--data-parallel-size",
@@ -130,7 +144,19 @@ def limits_from(args: argparse.Namespace) -> ServeLimits:
     )
 
 
+def model_from(args: argparse.Namespace) -> str | None:
+    """MODEL or --model (both given, they must agree)."""
+    if args.model_arg is not None and args.model is not None and args.model_arg != args.model:
+        raise ValueError(
+            f"the model is given twice, differently: {args.model_arg!r} and --model {args.model!r}"
+        )
+    return args.model_arg if args.model_arg is not None else args.model
+
+
 def run(args: argparse.Namespace) -> int:
+    args.model = model_from(args)
+    if args.responses_store_size < 0:
+        raise ValueError(f"--responses-store-size must be >= 0, got {args.responses_store_size}")
     engine_args = engine_args_from(args)
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     if args.data_parallel_size > 1:  # the parent runs no engine: children do, a router fronts
@@ -147,6 +173,7 @@ def run(args: argparse.Namespace) -> int:
     from kvserve.serve.kv_metadata import kv_metadata_body
     from kvserve.serve.lifecycle import DrainingServer
     from kvserve.serve.metrics import EngineObserver, ServerMetrics, cache_config_info
+    from kvserve.serve.responses_api.store import ResponseStore
     from kvserve.serve.state import ServerState
 
     engine_args.kv_events_config = loopback_events(engine_args.kv_events_config)
@@ -170,6 +197,7 @@ def run(args: argparse.Namespace) -> int:
         log_requests=args.log_requests,
         kv_metadata=kv_metadata_body(llm.engine, llm.model.path, name),
         limits=limits,
+        responses=ResponseStore(args.responses_store_size),
     )
     print(f"Serving {llm.model.description} as {name!r}", file=sys.stderr, flush=True)
     if llm.model.random_weights:

@@ -21,7 +21,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from kvserve.serve import completions, protocol
 from kvserve.serve.errors import APIError, error_response, install_error_handlers
 from kvserve.serve.limits import BodyLimits
+from kvserve.serve.messages_api import routes as messages_api
 from kvserve.serve.openapi import openapi_document
+from kvserve.serve.responses_api import routes as responses_api
 from kvserve.serve.state import ServerState
 from kvserve.version import version as installed_version
 
@@ -82,6 +84,26 @@ def create_app(state: ServerState) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def create_chat_completion(request: Request) -> Any:
         return await completions.chat_completions(request, state)
+
+    @app.post("/v1/responses")
+    async def create_response(request: Request) -> Any:
+        return await responses_api.create(request, state)
+
+    @app.get("/v1/responses/{response_id}")
+    async def get_response(response_id: str) -> dict[str, Any]:
+        return responses_api.retrieve(response_id, state)
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str) -> dict[str, Any]:
+        return responses_api.delete(response_id, state)
+
+    @app.post("/v1/messages")
+    async def create_message(request: Request) -> Any:
+        return await messages_api.create(request, state)
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_message_tokens(request: Request) -> Any:
+        return await messages_api.count_tokens(request, state)
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from kvserve.serve.errors import APIError
 from kvserve.serve.fields import IgnoredLog
 from kvserve.serve.limits import ServeLimits
 from kvserve.serve.metrics import ServerMetrics
+from kvserve.serve.responses_api.store import RESPONSES_STORE_SIZE, ResponseStore
 from kvserve.serve.tokenizer_worker import TokenizerWorker
 
 RETRY_AFTER_SECONDS = 1
@@ -45,6 +46,8 @@ class ServerState:
     ignored_log: IgnoredLog = field(default_factory=IgnoredLog)
     """The ignored request fields already warned about (each name once)."""
     limits: ServeLimits = field(default_factory=ServeLimits)
+    responses: ResponseStore = field(default_factory=lambda: ResponseStore(RESPONSES_STORE_SIZE))
+    """/v1/responses kept for GET, DELETE and previous_response_id (event-loop owned)."""
     tokenizer: TokenizerWorker | None = None
     """The tokenizer's worker thread (built from the engine's tokenizer when None)."""
 
