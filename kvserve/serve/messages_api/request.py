@@ -36,13 +36,25 @@ SERVED = frozenset(
 )
 COUNT_SERVED = frozenset({"model", "messages", "system", "tools", "tool_choice"})
 """/v1/messages/count_tokens: what shapes the prompt."""
-IGNORED = frozenset({"metadata", "service_tier"})
+IGNORED = frozenset(
+    {
+        "metadata",
+        "service_tier",
+        "cache_control",  # the prefix cache is automatic
+        "inference_geo",
+        "speed",
+        "diagnostics",
+        "user_profile_id",
+        "workspace_id",
+    }
+)
 """Documented fields that change nothing in the answer: accepted, named in the header."""
 REFUSED: dict[str, Unsupported] = {
     "thinking": Unsupported("extended thinking", ({"type": "disabled"},)),
     "container": Unsupported("containers"),
     "mcp_servers": Unsupported("MCP servers", ([],)),
     "context_management": Unsupported("context management"),
+    "output_config": Unsupported("output_config", ({},)),
 }
 """Fields that would change the answer: a 400 naming them unless their value is neutral."""
 
