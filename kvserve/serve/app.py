@@ -112,7 +112,7 @@ def create_app(state: ServerState) -> FastAPI:
     @app.post("/detokenize")
     async def detokenize(request: Request) -> dict[str, Any]:
         body = protocol.parse_json(await request.body())
-        protocol.check_fields(body, frozenset({"model", "tokens"}))
+        protocol.check_fields(body, protocol.DETOKENIZE_FIELDS)
         state.check_model(body.get("model"))
         tokens = body.get("tokens")
         if not isinstance(tokens, list) or not all(
@@ -149,7 +149,7 @@ class _KeyCheck:
 async def _tokenize(request: Request, state: ServerState) -> dict[str, Any]:
     """A prompt's token ids, or a conversation's through the chat template (as chat runs it)."""
     body = protocol.parse_json(await request.body())
-    protocol.check_fields(body, frozenset({"model", "prompt", "messages", "add_special_tokens"}))
+    protocol.check_fields(body, protocol.TOKENIZE_FIELDS)
     state.check_model(body.get("model"))
     worker = state.tokens
     worker.checked_tokenizer()

@@ -59,6 +59,9 @@ CHAT_FIELDS = frozenset(
     {*_COMMON, "messages", "logprobs", "top_logprobs", "echo"}
     | {"chat_template_kwargs", "reasoning_effort"}
 )
+TOKENIZE_FIELDS = frozenset({"model", "prompt", "messages", "add_special_tokens"})
+DETOKENIZE_FIELDS = frozenset({"model", "tokens"})
+"""/tokenize and /detokenize: any other field is a 400 naming it."""
 DEFAULT_MAX_TOKENS = 16
 """Completions without max_tokens (OpenAI's default there). Chat without it: the rest of
 the context (max_model_len minus the prompt), as vLLM and OpenAI answer."""

@@ -1,0 +1,29 @@
+"""`kvserve serve MODEL` (issue 30, item 6): the model positionally, as `vllm serve MODEL`
+takes it; `--model` still works; both given and different is a one-line error."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvserve.cli import build_parser
+from kvserve.cli.serve import model_from
+from tests.cli._cli import kvserve, one_line_error
+
+
+@pytest.mark.parametrize(
+    ("argv", "model"),
+    [
+        (["serve", "demo:random"], "demo:random"),
+        (["serve", "--model", "demo:random"], "demo:random"),
+        (["serve", "demo:random", "--model", "demo:random"], "demo:random"),
+        (["serve", "--port", "9", "demo:random"], "demo:random"),
+        (["serve"], None),
+    ],
+)
+def test_the_model_positionally_or_by_option(argv, model):
+    assert model_from(build_parser().parse_args(argv)) == model
+
+
+def test_two_different_models_are_refused_before_loading():
+    line = one_line_error(kvserve("serve", "/no/such/a", "--model", "/no/such/b"), "/no/such/a")
+    assert "--model '/no/such/b'" in line
