@@ -1,11 +1,13 @@
 """The FastAPI application: routes, the API key check, and the small endpoints.
 
-Generation lives in completions.py; this file wires it up with /v1/models,
+Generation lives in completions.py (and the Responses and Messages APIs over
+it, responses_api/ and messages_api/); this file wires them up with /v1/models,
 /health, /metrics, /version, /kv-metadata, /openapi.json, /tokenize and /detokenize.
 With an API key every route but /health and /metrics wants `Authorization:
-Bearer KEY` (compared in constant time), so a load balancer can probe and
-scrape a protected server. Request bodies pass limits.py's size and time
-limits first; tokenizer work runs on the tokenizer's worker thread.
+Bearer KEY` or, as Anthropic's clients send it, `x-api-key: KEY` (compared in
+constant time), so a load balancer can probe and scrape a protected server.
+Request bodies pass limits.py's size and time limits first; tokenizer work
+runs on the tokenizer's worker thread.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import hmac
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -22,12 +25,15 @@ from kvserve.serve import completions, protocol
 from kvserve.serve.errors import APIError, error_response, install_error_handlers
 from kvserve.serve.limits import BodyLimits
 from kvserve.serve.messages_api import routes as messages_api
+from kvserve.serve.messages_api.output import error_body as anthropic_error
 from kvserve.serve.openapi import openapi_document
 from kvserve.serve.responses_api import routes as responses_api
 from kvserve.serve.state import ServerState
 from kvserve.version import version as installed_version
 
 OPEN_PATHS = frozenset({"/health", "/metrics"})
+MESSAGES_PATH = "/v1/messages"
+"""Anthropic's API: its errors in Anthropic's body."""
 
 
 def create_app(state: ServerState) -> FastAPI:
@@ -136,12 +142,19 @@ class _KeyCheck:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
-            header = Headers(scope=scope).get("authorization", "")
-            scheme, _, given = header.partition(" ")
-            given_key = given.strip().encode()
-            if scheme.lower() != "bearer" or not hmac.compare_digest(given_key, self.key):
+            headers = Headers(scope=scope)
+            scheme, _, given = headers.get("authorization", "").partition(" ")
+            bearer = scheme.lower() == "bearer" and hmac.compare_digest(
+                given.strip().encode(), self.key
+            )
+            # Anthropic's clients send the key as `x-api-key` (as vLLM accepts it there)
+            anthropic = hmac.compare_digest(headers.get("x-api-key", "").encode(), self.key)
+            if not bearer and not anthropic:
                 message = "a valid API key is required (Authorization: Bearer KEY)"
-                await error_response(APIError(message, 401))(scope, receive, send)
+                response = error_response(APIError(message, 401))
+                if scope["path"].startswith(MESSAGES_PATH):
+                    response = JSONResponse(anthropic_error(message, 401), 401)
+                await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 

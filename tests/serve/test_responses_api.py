@@ -46,6 +46,7 @@ def test_plain_create_get_delete(client, server):
     assert got.object == "response" and got.status == "incomplete"  # 8 tokens of gibberish
     assert got.incomplete_details.reason == "max_output_tokens"
     assert got.output_text and got.output[0].type == "message"
+    assert got.output[0].status == "incomplete"
     assert got.usage.output_tokens == 8 and got.usage.input_tokens > 8
     assert got.instructions == "Answer briefly." and got.max_output_tokens == 8
     same = create(client, instructions="Answer briefly.")

@@ -60,6 +60,13 @@ class ResponseShape:
             "content": content,
         }
 
+    def items(self, answer: ChatAnswer, status: str) -> list[dict[str, Any]]:
+        """The output items; the last one `incomplete` when max_output_tokens cut it."""
+        items = [self.item(b, True) for b in answer.blocks]
+        if items and status == "incomplete":
+            items[-1]["status"] = "incomplete"
+        return items
+
     def body(self, answer: ChatAnswer | None) -> dict[str, Any]:
         """The Response object; `answer` None: just created (in progress, no output yet)."""
         request = self.request
@@ -76,7 +83,7 @@ class ResponseShape:
             "error": None,
             "incomplete_details": incomplete,
             "model": self.model,
-            "output": [] if answer is None else [self.item(b, True) for b in answer.blocks],
+            "output": [] if answer is None else self.items(answer, status),
             "usage": None if answer is None else usage(answer.usage),
             "instructions": request.get("instructions"),
             "max_output_tokens": request.get("max_output_tokens"),
