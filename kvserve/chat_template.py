@@ -8,6 +8,7 @@ adding any: a second BOS would change the model's answer.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -45,8 +46,11 @@ ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
 
 def openai_messages(messages: Any) -> list[Message]:
-    """OpenAI's `messages` as the template sees them: role and content only, content
-    given as text parts joined into one string (the server and the router agree on it)."""
+    """OpenAI's `messages` as the template sees them: role and content, content given as
+    text parts joined into one string (the server and the router agree on it). An
+    assistant turn's `tool_calls` (its content may then be null: "" here) and a tool
+    message's `tool_call_id` pass on, a call's arguments as a dict (OpenAI sends their
+    JSON text; templates such as Qwen's iterate them), so the template renders them."""
     if not isinstance(messages, list) or not messages:
         raise ValueError("messages must be a non-empty list")
     out = []
@@ -55,6 +59,7 @@ def openai_messages(messages: Any) -> list[Message]:
             raise ValueError(f"messages[{i}] needs a string 'role'")
         if message["role"] not in ROLES:
             raise ValueError(f"messages[{i}]: role must be one of {', '.join(ROLES)}")
+        calls = message.get("tool_calls")
         content = message.get("content")
         if isinstance(content, list):
             parts = [p.get("text") for p in content if isinstance(p, dict)]
@@ -62,10 +67,58 @@ def openai_messages(messages: Any) -> list[Message]:
             if len(texts) != len(content):
                 raise ValueError(f"messages[{i}]: only text content parts")
             content = "".join(texts)
+        if content is None and calls:
+            content = ""
         if not isinstance(content, str):
             raise ValueError(f"messages[{i}] needs a string 'content'")
-        out.append({"role": message["role"], "content": content})
+        converted: Message = {"role": message["role"], "content": content}
+        if calls:
+            if message["role"] != "assistant":
+                raise ValueError(f"messages[{i}]: only an assistant message has tool_calls")
+            converted["tool_calls"] = _tool_calls(calls, f"messages[{i}].tool_calls")
+        for key in ("tool_call_id", "name"):
+            value = message.get(key)
+            if value is not None:
+                if not isinstance(value, str):
+                    raise ValueError(f"messages[{i}].{key} must be a string")
+                converted[key] = value
+        out.append(converted)
     return out
+
+
+def _tool_calls(calls: Any, where: str) -> list[Message]:
+    """An assistant turn's calls for the template: arguments as a dict (vLLM's rule)."""
+    if not isinstance(calls, list):
+        raise ValueError(f"{where} must be a list")
+    out = []
+    for j, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise ValueError(f"{where}[{j}] needs a function with a string name")
+        arguments = function.get("arguments", "{}")
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments or "{}")
+            except json.JSONDecodeError:
+                raise ValueError(f"{where}[{j}].function.arguments is not JSON") from None
+        if not isinstance(arguments, dict):
+            raise ValueError(f"{where}[{j}].function.arguments must be a JSON object")
+        entry: Message = {
+            "type": "function",
+            "function": {"name": function["name"], "arguments": arguments},
+        }
+        if isinstance(call.get("id"), str):
+            entry["id"] = call["id"]
+        out.append(entry)
+    return out
+
+
+def offered_tools(tools: Any, tool_choice: Any) -> list[dict[str, Any]] | None:
+    """The tools a chat request shows the template: its `tools`, unless none are given or
+    `tool_choice` is "none" (the server and the router agree on it)."""
+    if not isinstance(tools, list) or not tools or tool_choice == "none":
+        return None
+    return tools
 
 
 RESERVED_TEMPLATE_KWARGS = frozenset(
@@ -116,9 +169,11 @@ def render(
     chat_template: str | None = None,
     add_generation_prompt: bool = True,
     template_kwargs: dict[str, Any] | None = None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> tuple[str, list[int]]:
     """(prompt text, its token ids) of one conversation; `template_kwargs`: extra template
-    variables (`enable_thinking`, ...), which a template that does not read them ignores."""
+    variables (`enable_thinking`, ...), which a template that does not read them ignores;
+    `tools`: the functions offered (OpenAI's tool dicts), the template's `tools`."""
     if tokenizer is None:
         raise ValueError("this checkpoint has no tokenizer, so it has no chat template")
     if chat_template is None and not getattr(tokenizer, "chat_template", None):
@@ -134,6 +189,7 @@ def render(
             chat_template=chat_template,
             add_generation_prompt=add_generation_prompt,
             tokenize=False,
+            tools=tools,
             **(template_kwargs or {}),
         )
     except jinja2.TemplateError as exc:  # the template refused the conversation or a variable

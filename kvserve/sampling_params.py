@@ -36,7 +36,9 @@ class StructuredOutputsParams:
     `json`: a JSON schema (a dict or its text); `json_object`: any JSON object;
     `regex`: the whole output matches it; `choice`: the output is one of these
     strings; `grammar`: an EBNF grammar (GBNF, as xgrammar reads it) with a `root`
-    rule. Only the shape is checked here (pure Python); whether the grammar
+    rule; `structural_tag`: an xgrammar structural tag (a dict or its JSON text:
+    free text, tags, triggers, schemas composed; kvserve.structured.tags builds
+    them, tool calls use it). Only the shape is checked here (pure Python); whether the grammar
     backend can compile it is checked when the request is added (ValueError).
     """
 
@@ -45,18 +47,22 @@ class StructuredOutputsParams:
     regex: str | None = None
     choice: list[str] | None = None
     grammar: str | None = None
+    structural_tag: str | dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         set_ = [name for name in CONSTRAINTS if getattr(self, name) not in (None, False)]
         if len(set_) != 1:
             raise ValueError(
                 "structured_outputs needs exactly one of json, json_object, regex, choice, "
-                f"grammar; got {set_ or 'none'}"
+                f"grammar, structural_tag; got {set_ or 'none'}"
             )
         if self.json is not None and not isinstance(self.json, str | dict):
             raise ValueError(
                 f"structured_outputs.json must be a dict or a string, got {_short(self.json)}"
             )
+        tag = self.structural_tag
+        if tag is not None and (not isinstance(tag, str | dict) or not tag):
+            raise ValueError("structured_outputs.structural_tag must be a dict or a string")
         if self.json_object is not None and not isinstance(self.json_object, bool):
             raise ValueError("structured_outputs.json_object must be True or False")
         for name in ("regex", "grammar"):
@@ -84,10 +90,13 @@ class StructuredOutputsParams:
             return "regex", self.regex
         if self.choice is not None:
             return "choice", json.dumps(self.choice)
+        if self.structural_tag is not None:
+            tag = self.structural_tag
+            return "structural_tag", tag if isinstance(tag, str) else json.dumps(tag)
         return "grammar", self.grammar or ""
 
 
-CONSTRAINTS = ("json", "json_object", "regex", "choice", "grammar")
+CONSTRAINTS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
 
 
 @dataclass(slots=True)

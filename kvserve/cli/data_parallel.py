@@ -82,6 +82,8 @@ def child_argv(
     argv += ["--metrics-prefix", args.metrics_prefix]
     if args.log_requests:
         argv.append("--log-requests")
+    if args.tool_call_parser:
+        argv += ["--tool-call-parser", args.tool_call_parser]
     return argv + engine_argv(dataclasses.replace(engine_args, kv_events_config=events))
 
 

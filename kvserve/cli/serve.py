@@ -19,6 +19,7 @@ from kvserve.cli.common import HelpFormatter, add_model_option, loopback_events,
 from kvserve.cli.engine_options import add_engine_options, engine_args_from
 from kvserve.serve.metrics import PREFIXES
 from kvserve.serve.responses_api.store import RESPONSES_STORE_SIZE
+from kvserve.tool_calls.registry import PARSERS
 
 if TYPE_CHECKING:
     from kvserve.serve.limits import ServeLimits
@@ -86,6 +87,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=RESPONSES_STORE_SIZE,
         help="/v1/responses kept for GET and previous_response_id (least recently used go "
         "first; 0: none kept)",
+    )
+    s.add_argument(
+        "--tool-call-parser",
+        choices=sorted(PARSERS),
+        help="how tool calls are written and read (default: the family whose markers the "
+        "chat template shows, else hermes)",
     )
     s.add_argument(
         "--data-parallel-size",
@@ -198,6 +205,7 @@ def run(args: argparse.Namespace) -> int:
         kv_metadata=kv_metadata_body(llm.engine, llm.model.path, name),
         limits=limits,
         responses=ResponseStore(args.responses_store_size),
+        tool_call_parser=args.tool_call_parser,
     )
     print(f"Serving {llm.model.description} as {name!r}", file=sys.stderr, flush=True)
     if llm.model.random_weights:

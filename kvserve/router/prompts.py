@@ -5,7 +5,7 @@ special tokens added), token ids are taken as they are, and a batch is a
 list of either. Chat: the messages as the server reads them
 (kvserve.chat_template.openai_messages) through the checkpoint's own
 template (`render`, with the request's `chat_template_kwargs` and
-`reasoning_effort`). A body the router does not understand gets no
+`reasoning_effort`, and the `tools` it offers). A body the router does not understand gets no
 prediction: it is forwarded all the same, and the replica answers it
 (with the 400 that names the problem).
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvserve.chat_template import openai_messages, render, template_kwargs
+from kvserve.chat_template import offered_tools, openai_messages, render, template_kwargs
 from kvserve.prompt_fields import completion_prompts
 
 
@@ -28,7 +28,8 @@ def prompt_token_ids(tokenizer: Any, chat: bool, body: Any) -> list[list[int]] |
                 return None
             messages = openai_messages(body.get("messages"))
             extra = template_kwargs(body.get("chat_template_kwargs"), body.get("reasoning_effort"))
-            return [render(tokenizer, messages, template_kwargs=extra)[1]]
+            tools = offered_tools(body.get("tools"), body.get("tool_choice"))
+            return [render(tokenizer, messages, template_kwargs=extra, tools=tools)[1]]
         return _completion_prompts(tokenizer, body.get("prompt"))
     except ValueError:
         return None

@@ -21,7 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from kvserve.serve import completions, protocol
+from kvserve.serve import completions, protocol, tools
 from kvserve.serve.errors import APIError, error_response, install_error_handlers
 from kvserve.serve.limits import BodyLimits
 from kvserve.serve.messages_api import routes as messages_api
@@ -160,14 +160,17 @@ class _KeyCheck:
 
 
 async def _tokenize(request: Request, state: ServerState) -> dict[str, Any]:
-    """A prompt's token ids, or a conversation's through the chat template (as chat runs it)."""
+    """A prompt's token ids, or a conversation's through the chat template (as chat runs it,
+    its `tools` included)."""
     body = protocol.parse_json(await request.body())
     protocol.check_fields(body, protocol.TOKENIZE_FIELDS)
     state.check_model(body.get("model"))
     worker = state.tokens
     worker.checked_tokenizer()
     if "messages" in body:
-        tokens = await worker.render(protocol.chat_messages(body))
+        offered = tools.read_tools(body)
+        template_tools = None if offered is None else offered.template_tools
+        tokens = await worker.render(protocol.chat_messages(body), None, template_tools)
     else:
         prompt = body.get("prompt")
         if not isinstance(prompt, str):

@@ -29,11 +29,12 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from kvserve.outputs import RequestOutput
 from kvserve.sampling_params import SamplingParams
-from kvserve.serve import fields, protocol, structured
+from kvserve.serve import fields, protocol, structured, tools
 from kvserve.serve.engine_thread import RequestRefused, ServerStopping, Submission
 from kvserve.serve.errors import APIError, error_body
 from kvserve.serve.responses import Job, Part
 from kvserve.serve.state import ServerState
+from kvserve.tool_calls.parser import ToolParser
 
 DISCONNECT_POLL_SECONDS = 0.5
 log = logging.getLogger("kvserve.serve")
@@ -73,6 +74,8 @@ class ChatPrompt:
     echo: str
     """What chat's echo puts first (the last message's content when it is the assistant's)."""
     ignored: list[str]
+    tool_parser: ToolParser | None = None
+    """Chat with tools: the answer is read for tool calls."""
 
 
 async def chat_prompt(state: ServerState, body: dict[str, Any]) -> ChatPrompt:
@@ -84,12 +87,17 @@ async def chat_prompt(state: ServerState, body: dict[str, Any]) -> ChatPrompt:
     context = state.max_request_tokens
     default = protocol.DEFAULT_MAX_TOKENS if context is None else context
     params = protocol.sampling_params(body, True, state.max_n, default_max_tokens=default)
+    tool_request = tools.read_tools(body)
+    parser = state.tool_parser
+    assert parser is not None
+    params = tools.constrained(params, tool_request, parser)
     kwargs = protocol.template_kwargs(body)
     if "reasoning_effort" in kwargs and not state.tokens.template_reads("reasoning_effort"):
         ignored = [*ignored, "reasoning_effort"]  # passed on; this template has no use for it
         state.ignored_log.note(["reasoning_effort"])
     state.check_admission()
-    ids = await state.tokens.render(messages, kwargs)
+    offered = None if tool_request is None else tool_request.template_tools
+    ids = await state.tokens.render(messages, kwargs, offered)
     if context is not None and not protocol.sets_max_tokens(body):
         if len(ids) >= context:
             raise APIError(
@@ -99,13 +107,15 @@ async def chat_prompt(state: ServerState, body: dict[str, Any]) -> ChatPrompt:
             )
         params = protocol.with_max_tokens(params, context - len(ids))
     echo = messages[-1]["content"] if messages[-1]["role"] == "assistant" else ""
-    return ChatPrompt(ids, params, echo, ignored)
+    tool_parser = parser if tool_request is not None and tool_request.parses else None
+    return ChatPrompt(ids, params, echo, ignored, tool_parser)
 
 
 async def start_chat(state: ServerState, body: dict[str, Any], prompt: ChatPrompt) -> Job:
     """Submit a rendered chat prompt; back once its first step is done (a refusal: a 400).
     Read the answer with `collect` (whole) or `chunks` (the stream's chunk bodies)."""
-    return await _start(state, body, prompt.params, [prompt.ids], [prompt.ids], True, prompt.echo)
+    ids, parser = prompt.ids, prompt.tool_parser
+    return await _start(state, body, prompt.params, [ids], [ids], True, prompt.echo, parser)
 
 
 def _check_ids(state: ServerState, ids: list[int]) -> None:
@@ -132,9 +142,11 @@ async def _start(
     prompt_ids: list[list[int]],
     chat: bool,
     chat_echo: str = "",
+    tool_parser: ToolParser | None = None,
 ) -> Job:
     """`prompts` as given (echo shows them), `prompt_ids` what the engine runs; `chat_echo`:
-    what chat's echo puts first."""
+    what chat's echo puts first; `tool_parser`: chat with tools, whose output is read for
+    tool calls."""
     options = protocol.response_options(body, chat=chat)
     cache_salt = protocol.cache_salt(body)
     state.check_admission(len(prompts))
@@ -146,6 +158,7 @@ async def _start(
         n=params.n,
         options=options,
         outputs=asyncio.Queue(),
+        tool_parser=tool_parser,
     )
     if state.log_requests:
         log.info("request %s: prompts=%r params=%r", job.request_id, prompts, params)
@@ -154,7 +167,8 @@ async def _start(
         job.parts[engine_id] = Part(index=i, prompt_tokens=len(ids))
         state.engine.submit(Submission(engine_id, ids, params, cache_salt), job.outputs)
     constraint = structured.structured_outputs(body)
-    await _first_outputs(job, state, None if constraint is None else constraint[1])
+    source = "tools" if tool_parser is not None else None
+    await _first_outputs(job, state, source or (None if constraint is None else constraint[1]))
     if options.echo and chat:
         for part in job.parts.values():
             part.echo = chat_echo

@@ -100,15 +100,13 @@ COMMON: dict[str, Unsupported] = {
     "no_stop_trim": Unsupported("no_stop_trim (a matched stop string is always cut)", (False,)),
 }
 """Both endpoints. Served fields (ignore_eos, min_tokens, stop_token_ids, response_format,
-structured_outputs and guided_*: structured.py, ...) are not here."""
+structured_outputs and guided_*: structured.py; chat's tools: tools.py, ...) are not here."""
 COMPLETION_ONLY: dict[str, Unsupported] = {
     "suffix": Unsupported("suffix (fill in the middle)", ("",)),
     "prompt_embeds": Unsupported("prompt embeddings"),
     "add_special_tokens": Unsupported("add_special_tokens (always true)", (True,)),
 }
 CHAT_ONLY: dict[str, Unsupported] = {
-    "tools": Unsupported("tool calling", ([],)),
-    "tool_choice": Unsupported("tool calling", ("none",), _unless_set("tools")),
     "functions": Unsupported("function calling", ([],)),
     "function_call": Unsupported("function calling", ("none",), _unless_set("functions")),
     "add_generation_prompt": Unsupported("add_generation_prompt (always true)", (True,)),

@@ -112,10 +112,46 @@ _PROMPT = {
         {"type": "array", "items": {**_TOKENS, "minItems": 1}, "minItems": 1},
     ]
 }
+_FUNCTION_NAME = {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,64}$"}
+
+
+def _function(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    """`{"type": "function", "function": {...}}`: a tool, a call, a named tool_choice."""
+    function = {"type": "object", "required": required, "properties": properties}
+    return {
+        "type": "object",
+        "required": ["type", "function"],
+        "properties": {"type": {"const": "function"}, "function": function},
+    }
+
+
+_CALL = _function({"name": _FUNCTION_NAME, "arguments": {"type": "string"}}, ["name", "arguments"])
+_CALL["properties"]["id"] = {"type": "string"}
 _MESSAGE = {
     "type": "object",
     "required": ["role", "content"],
-    "properties": {"role": {"enum": list(ROLES)}, "content": {"type": "string"}},
+    "properties": {
+        "role": {"enum": list(ROLES)},
+        "content": {"type": ["string", "null"]},
+        "tool_calls": {"type": "array", "items": _CALL},
+        "tool_call_id": {"type": "string"},
+    },
+}
+_TOOL = {
+    "name": _FUNCTION_NAME,
+    "description": {"type": "string"},
+    "parameters": _SCHEMA,
+    "strict": {"type": "boolean"},
+}
+_TOOLS: dict[str, Any] = {
+    "tools": {"type": "array", "items": _function(_TOOL, ["name"])},
+    "tool_choice": {
+        "oneOf": [
+            {"enum": ["none", "auto", "required"]},
+            _function({"name": _FUNCTION_NAME}, ["name"]),
+        ]
+    },
+    "parallel_tool_calls": {"type": "boolean"},
 }
 BODIES: dict[str, dict[str, Any]] = {
     "/v1/completions": {
@@ -139,6 +175,7 @@ BODIES: dict[str, dict[str, Any]] = {
             "echo": {"type": "boolean"},
             "chat_template_kwargs": {"type": "object"},
             "reasoning_effort": {"type": "string"},
+            **_TOOLS,
         },
     },
     "/tokenize": {
@@ -148,6 +185,7 @@ BODIES: dict[str, dict[str, Any]] = {
             "prompt": {"type": "string"},
             "messages": {"type": "array", "items": _MESSAGE, "minItems": 1},
             "add_special_tokens": {"type": "boolean"},
+            **_TOOLS,
         },
         "additionalProperties": False,
     },

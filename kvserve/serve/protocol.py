@@ -58,8 +58,19 @@ COMPLETION_FIELDS = frozenset({*_COMMON, "prompt", "echo", "logprobs"})
 CHAT_FIELDS = frozenset(
     {*_COMMON, "messages", "logprobs", "top_logprobs", "echo"}
     | {"chat_template_kwargs", "reasoning_effort"}
+    | {"tools", "tool_choice", "parallel_tool_calls"}
 )
-TOKENIZE_FIELDS = frozenset({"model", "prompt", "messages", "add_special_tokens"})
+TOKENIZE_FIELDS = frozenset(
+    {
+        "model",
+        "prompt",
+        "messages",
+        "add_special_tokens",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+    }
+)
 DETOKENIZE_FIELDS = frozenset({"model", "tokens"})
 """/tokenize and /detokenize: any other field is a 400 naming it."""
 DEFAULT_MAX_TOKENS = 16

@@ -15,6 +15,36 @@ from typing import Any
 from kvserve.outputs import CompletionOutput, RequestOutput
 from kvserve.serve.logprobs import Step, chat_logprobs, completion_logprobs
 from kvserve.serve.protocol import ResponseOptions
+from kvserve.tool_calls.parser import ToolParser
+from kvserve.tool_calls.stream import ToolCallStream
+from kvserve.tool_calls.types import ParsedOutput, ToolCall
+
+
+@dataclass(slots=True)
+class ChatChoice:
+    """One chat choice, whole: the plain data the JSON answer is built from (and what
+    another API's translation reads: the text and the parsed tool calls)."""
+
+    index: int
+    content: str | None
+    tool_calls: list[ToolCall]
+    finish_reason: str | None
+    """"tool_calls" when the model called and then stopped."""
+    logprobs: dict[str, Any] | None = None
+    stop_reason: int | str | None = None
+    """The stop string or token id that ended it (vLLM's `stop_reason`)."""
+
+    def as_openai(self) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": self.content}
+        if self.tool_calls:
+            message["tool_calls"] = [call.as_openai() for call in self.tool_calls]
+        return {
+            "index": self.index,
+            "finish_reason": self.finish_reason,
+            "stop_reason": self.stop_reason,
+            "logprobs": self.logprobs,
+            "message": message,
+        }
 
 
 @dataclass(slots=True)
@@ -39,6 +69,8 @@ class Part:
     """Per completion, each generated token's logprobs (when the client asked)."""
     offsets: dict[int, int] = field(default_factory=dict)
     """Per completion, where the next streamed token's text starts (completions logprobs)."""
+    tool_streams: dict[int, ToolCallStream] = field(default_factory=dict)
+    """Per completion, its tool calls read as they stream (chat with tools)."""
 
 
 @dataclass(slots=True)
@@ -54,6 +86,8 @@ class Job:
     """Engine request id -> its prompt's part, in prompt order."""
     early: list[RequestOutput] = field(default_factory=list)
     """Outputs read while waiting for every prompt's first step; handed out first."""
+    tool_parser: ToolParser | None = None
+    """Chat with tools (tool_choice not `none`): the output is read for tool calls."""
 
     # -- accumulating -------------------------------------------------------------
 
@@ -103,24 +137,46 @@ class Job:
 
     # -- the answer, whole ----------------------------------------------------------
 
-    def body(self) -> dict[str, Any]:
-        choices: list[dict[str, Any]] = []
+    def chat_choices(self) -> list[ChatChoice]:
+        """Chat's choices, whole: content, tool calls (read by the tool parser), finish."""
+        choices = []
         for part in self.parts.values():
             for j in range(self.n):
-                choice: dict[str, Any] = {
+                text = part.texts.get(j, "")
+                finish = part.finish.get(j)
+                parsed = ParsedOutput(part.echo + text)
+                if self.tool_parser is not None:
+                    parsed = self.tool_parser.parse(text)
+                    if part.echo:
+                        parsed.content = part.echo + (parsed.content or "")
+                if parsed.tool_calls and finish == "stop":
+                    finish = "tool_calls"
+                steps = part.steps.get(j, [])
+                logprobs = self._logprobs(part, j, part.token_ids.get(j, []), steps)
+                index = part.index * self.n + j
+                stop = part.stop_reasons.get(j)
+                choices.append(
+                    ChatChoice(index, parsed.content, parsed.tool_calls, finish, logprobs, stop)
+                )
+        return choices
+
+    def body(self) -> dict[str, Any]:
+        if self.chat:
+            choices = [choice.as_openai() for choice in self.chat_choices()]
+        else:
+            choices = [
+                {
                     "index": part.index * self.n + j,
                     "finish_reason": part.finish.get(j),
                     "stop_reason": part.stop_reasons.get(j),
                     "logprobs": self._logprobs(
                         part, j, part.token_ids.get(j, []), part.steps.get(j, [])
                     ),
+                    "text": part.echo + part.texts.get(j, ""),
                 }
-                text = part.echo + part.texts.get(j, "")
-                if self.chat:
-                    choice["message"] = {"role": "assistant", "content": text}
-                else:
-                    choice["text"] = text
-                choices.append(choice)
+                for part in self.parts.values()
+                for j in range(self.n)
+            ]
         return {
             "id": self.request_id,
             "object": "chat.completion" if self.chat else "text_completion",
@@ -177,15 +233,36 @@ class Job:
                 continue
             logprobs = self._logprobs(part, c.index, c.token_ids, c.logprobs)
             choice: dict[str, Any] = {"index": index, "logprobs": logprobs}
-            if self.chat:
+            finish = c.finish_reason
+            if self.chat and self.tool_parser is not None:
+                choice["delta"], finish = self._tool_delta(part, c, text[: len(text) - len(c.text)])
+            elif self.chat:
                 choice["delta"] = {"content": text} if text else {}
             else:
                 choice["text"] = text
-            choice["finish_reason"] = c.finish_reason
-            if c.finish_reason is not None:
+            choice["finish_reason"] = finish
+            if finish is not None:
                 choice["stop_reason"] = c.stop_reason
             choices.append(choice)
         return self.chunk(choices) if choices else None
+
+    def _tool_delta(
+        self, part: Part, c: CompletionOutput, echo: str
+    ) -> tuple[dict[str, Any], str | None]:
+        """A delta read for tool calls: content before the calls, call pieces, and
+        finish_reason "tool_calls" once the model called and stopped."""
+        assert self.tool_parser is not None
+        stream = part.tool_streams.setdefault(c.index, ToolCallStream(self.tool_parser))
+        piece = stream.feed(c.text)
+        if c.finish_reason is not None:
+            piece.content += stream.finish().content
+        delta: dict[str, Any] = {}
+        if echo or piece.content:
+            delta["content"] = echo + piece.content
+        if piece.calls:
+            delta["tool_calls"] = [call.as_openai() for call in piece.calls]
+        finish = c.finish_reason
+        return delta, "tool_calls" if finish == "stop" and stream.called else finish
 
     def abort_chunk(self) -> dict[str, Any]:
         """The server stopped: every unfinished choice ends with finish_reason "abort"."""

@@ -16,6 +16,8 @@ from kvserve.serve.limits import ServeLimits
 from kvserve.serve.metrics import ServerMetrics
 from kvserve.serve.responses_api.store import RESPONSES_STORE_SIZE, ResponseStore
 from kvserve.serve.tokenizer_worker import TokenizerWorker
+from kvserve.tool_calls.parser import ToolParser
+from kvserve.tool_calls.registry import parser_for
 
 RETRY_AFTER_SECONDS = 1
 
@@ -49,11 +51,18 @@ class ServerState:
     responses: ResponseStore = field(default_factory=lambda: ResponseStore(RESPONSES_STORE_SIZE))
     """/v1/responses kept for GET, DELETE and previous_response_id (event-loop owned)."""
     tokenizer: TokenizerWorker | None = None
+    tool_call_parser: str | None = None
+    """`--tool-call-parser` (None: the chat template's family, else hermes)."""
+    tool_parser: ToolParser | None = None
+    """How this checkpoint's tool calls are written and read (tool_calls.registry)."""
     """The tokenizer's worker thread (built from the engine's tokenizer when None)."""
 
     def __post_init__(self) -> None:
         if self.tokenizer is None:
             self.tokenizer = TokenizerWorker(self.engine.engine.tokenizer, self.max_model_len)
+        if self.tool_parser is None:
+            template = getattr(self.tokenizer.tokenizer, "chat_template", None)
+            self.tool_parser = parser_for(self.tool_call_parser, template)
 
     @property
     def tokens(self) -> TokenizerWorker:

@@ -73,15 +73,21 @@ class TokenizerWorker:
         )
 
     async def render(
-        self, messages: list[dict[str, Any]], template_kwargs: dict[str, Any] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        template_kwargs: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[int]:
-        """A conversation's prompt ids through the checkpoint's chat template."""
+        """A conversation's prompt ids through the checkpoint's chat template (`tools`: the
+        functions offered, which the template describes)."""
         from kvserve.chat_template import render
 
         self.check_length(sum(len(m["content"]) for m in messages), "messages")
         tokenizer = self.tokenizer
         try:
-            ids = await self.run(lambda: render(tokenizer, messages, None, True, template_kwargs))
+            ids = await self.run(
+                lambda: render(tokenizer, messages, None, True, template_kwargs, tools)
+            )
             return ids[1]
         except ValueError as exc:  # no template, or an empty rendering: say so
             raise APIError(str(exc), param="messages") from None

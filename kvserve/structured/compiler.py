@@ -94,6 +94,8 @@ def build_grammar(kind: str, text: str) -> xgr.Grammar:
             return xgr.Grammar.from_regex(text)
         if kind == "choice":
             return xgr.Grammar.from_ebnf(choice_ebnf(json.loads(text)))
+        if kind == "structural_tag":
+            return xgr.Grammar.from_structural_tag(text)
         return xgr.Grammar.from_ebnf(text)
     except ValueError:
         raise

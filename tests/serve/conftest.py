@@ -121,6 +121,16 @@ def server(demo) -> Iterator[Server]:
     stop_server(srv)
 
 
+@pytest.fixture(scope="session")
+def tool_server(demo, tmp_path_factory) -> Iterator[Server]:
+    """A server on the demo checkpoint with a template that renders tools (hermes markers)."""
+    from _tool_checkpoint import tool_checkpoint
+
+    srv = start_server(tool_checkpoint(demo, tmp_path_factory.mktemp("tools")))
+    yield srv
+    stop_server(srv)
+
+
 def scrape(server: Server, prefix: str = "kvserve") -> dict[str, float]:
     """/metrics as {'name{labels}': value}, for the series with `prefix`."""
     from prometheus_client.parser import text_string_to_metric_families

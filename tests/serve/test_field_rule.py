@@ -61,8 +61,8 @@ def test_neutral_values_are_accepted(body, chat):
 @pytest.mark.parametrize(
     ("body", "chat", "param"),
     [
-        ({"tool_choice": "auto", "tools": [{"type": "function"}]}, True, "tool_choice"),
-        ({"tool_choice": "required"}, True, "tool_choice"),
+        ({"function_call": "auto", "functions": [{"name": "f"}]}, True, "function_call"),
+        ({"function_call": "none", "functions": [{"name": "f"}]}, True, "functions"),
         ({"structural_tag": '{"structures": []}'}, False, "structural_tag"),
         ({"best_of": 2}, False, "best_of"),
         ({"use_beam_search": 0}, False, "use_beam_search"),  # 0 is not false
@@ -77,8 +77,8 @@ def test_values_that_ask_for_something_are_refused_by_name(body, chat, param):
 
 
 def test_the_refusal_says_what_is_accepted():
-    with pytest.raises(APIError, match=r"'tools'.*tool calling.*accepted only as null, \[\]"):
-        ignored({"tools": [{"type": "function"}]}, chat=True)
+    with pytest.raises(APIError, match=r"'functions'.*function calling.*only as null, \[\]"):
+        ignored({"functions": [{"name": "f"}]}, chat=True)
 
 
 def test_the_header_lists_names_percent_encoded_and_counts_the_rest():

@@ -66,14 +66,14 @@ def test_unknown_fields_are_ignored_named_in_a_header_and_logged_once(demo):
     assert "'another'" in warnings[1] and "bogus" not in warnings[1]
 
 
-TOOL = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+FUNCTIONS = [{"name": "f", "parameters": {"type": "object"}}]  # OpenAI's old function calling
 
 
 @pytest.mark.parametrize(
     ("path", "field", "value"),
     [
-        ("chat/completions", "tools", TOOL),
-        ("chat/completions", "tool_choice", "required"),
+        ("chat/completions", "functions", FUNCTIONS),
+        ("chat/completions", "function_call", {"name": "f"}),
         ("chat/completions", "structural_tag", '{"structures": []}'),
         ("chat/completions", "add_generation_prompt", False),
         ("chat/completions", "continue_final_message", True),

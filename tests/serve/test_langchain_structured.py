@@ -1,10 +1,11 @@
-"""LangChain's `ChatOpenAI.with_structured_output` against a real `kvserve serve` (the demo
-checkpoint, random weights): the grammar alone makes the answer parse. `function_calling`
-needs `tools`, which the server does not serve yet."""
+"""LangChain's `ChatOpenAI.with_structured_output` (all three methods) and `bind_tools` against
+a real `kvserve serve` (the demo checkpoint, random weights): the grammar alone makes the
+answer parse, a forced tool call included (its template shows no tools: the call comes
+out in the default hermes format, and is read back in it)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import jsonschema
@@ -92,6 +93,44 @@ def test_json_mode_gives_an_object(chat, recorder):
     assert isinstance(got["parsed"], dict)
     jsonschema.validate(got["parsed"], schema)
     assert got["raw"].response_metadata["finish_reason"] == "stop"
+    served_cleanly(recorder)
+
+
+def test_function_calling_gives_the_model(chat, recorder):
+    structured = chat.with_structured_output(Person, method="function_calling", include_raw=True)
+    got = structured.invoke(ASK)
+    assert got["parsing_error"] is None and isinstance(got["parsed"], Person)
+    raw = got["raw"]
+    assert raw.response_metadata["finish_reason"] == "tool_calls"
+    [call] = raw.tool_calls
+    assert call["name"] == "Person" and Person.model_validate(call["args"]) == got["parsed"]
+    served_cleanly(recorder)
+
+
+class GetTime(BaseModel):
+    """The time now in a time zone."""
+
+    zone: Literal["UTC", "CET", "PST"]
+
+
+def test_bind_tools_with_a_forced_tool_gives_a_valid_call(chat, recorder):
+    message = chat.bind_tools([GetTime], tool_choice="required").invoke("What time is it?")
+    assert message.response_metadata["finish_reason"] == "tool_calls"
+    assert message.tool_calls and message.invalid_tool_calls == []
+    for call in message.tool_calls:
+        assert call["name"] == "GetTime" and call["id"].startswith("call_")
+        jsonschema.validate(call["args"], GetTime.model_json_schema())
+    served_cleanly(recorder)
+
+
+def test_bind_tools_streamed_joins_to_a_valid_call(chat, recorder):
+    bound = chat.bind_tools([GetTime], tool_choice="GetTime")
+    joined = None
+    for chunk in bound.stream("What time is it?"):
+        joined = chunk if joined is None else joined + chunk
+    assert joined is not None and joined.content == ""
+    [call] = joined.tool_calls
+    assert call["name"] == "GetTime" and GetTime.model_validate(call["args"])
     served_cleanly(recorder)
 
 

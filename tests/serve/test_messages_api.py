@@ -86,30 +86,44 @@ def test_a_stop_sequence_is_named(create):
     assert stop not in got.content[0].text
 
 
-def test_a_tool_call_and_its_result(claude, create, server):
+@pytest.fixture(scope="module")
+def tool_claude(tool_server):
+    """The server whose template renders tools and calls (hermes markers)."""
+    with anthropic.Anthropic(base_url=tool_server.url, api_key="unused", timeout=60) as c:
+        yield c
+
+
+def test_a_tool_call_and_its_result(tool_claude, tool_server):
+    ask = {"model": tool_server.model, "max_tokens": 160, "extra_body": GREEDY}
+    question = [{"role": "user", "content": QUESTION}]
     choice = {"type": "tool", "name": "get_weather"}
-    got = create(tools=[WEATHER], tool_choice=choice, max_tokens=64)
+    got = tool_claude.messages.create(**ask, tools=[WEATHER], tool_choice=choice, messages=question)
     use = got.content[-1]
     assert got.stop_reason == "tool_use" and use.type == "tool_use"
     assert use.name == "get_weather" and use.input["city"] in ("Paris", "Oslo")
     result = {"type": "tool_result", "tool_use_id": use.id, "content": "sunny"}
     turns = [
-        {"role": "user", "content": QUESTION},
+        *question,
         {"role": "assistant", "content": [use.model_dump()]},
         {"role": "user", "content": [result]},
     ]
-    answer = create(tools=[WEATHER], messages=turns)
-    assert answer.content[0].type == "text" and answer.usage.output_tokens > 0
-    with claude.messages.stream(
-        model=server.model,
-        max_tokens=64,
-        extra_body=GREEDY,
-        tools=[WEATHER],
-        tool_choice=choice,
-        messages=[{"role": "user", "content": QUESTION}],
+    answer = tool_claude.messages.create(
+        **{**ask, "max_tokens": 4}, tools=[WEATHER], messages=turns
+    )
+    assert answer.content[0].type == "text" and answer.usage.output_tokens == 4
+    assert answer.usage.cache_read_input_tokens >= got.usage.input_tokens // 4 * 4
+    with tool_claude.messages.stream(
+        **ask, tools=[WEATHER], tool_choice=choice, messages=question
     ) as stream:
+        kinds = [event.type for event in stream]
         final = stream.get_final_message()
     assert final.content[-1].input == use.input and final.stop_reason == "tool_use"
+    assert "input_json" in kinds  # the SDK's own event for each input_json_delta
+    counted = tool_claude.messages.count_tokens(
+        model=tool_server.model, tools=[WEATHER], messages=turns
+    )
+    prompt = answer.usage.input_tokens + answer.usage.cache_read_input_tokens
+    assert counted.input_tokens == prompt  # the tools are part of the prompt counted
 
 
 def test_count_tokens_is_the_prompt_the_answer_counts(claude, create, server):

@@ -6,7 +6,7 @@ OpenAI's body and the server keeps serving."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import jsonschema
@@ -117,41 +117,51 @@ def test_previous_response_id_continues_and_hits_the_prefix_cache(client, server
 
 def test_text_format_json_schema_validates(client):
     fmt = {"type": "json_schema", "name": "box", "schema": SCHEMA, "strict": True}
-    got = create(client, text={"format": fmt}, max_output_tokens=64)
+    got = create(client, text={"format": fmt}, max_output_tokens=160)
     assert got.status == "completed"
     jsonschema.validate(json.loads(got.output_text), SCHEMA)
     got = create(client, text={"format": {"type": "json_object"}}, max_output_tokens=200)
     assert isinstance(json.loads(got.output_text), dict)
 
 
-def test_a_function_tool_and_its_output(client):
-    choice = {"type": "function", "name": "get_weather"}
-    got = create(client, tools=[WEATHER], tool_choice=choice, max_output_tokens=64)
+@pytest.fixture(scope="module")
+def tool_client(tool_server):
+    """The server whose template renders tools and calls (hermes markers)."""
+    with openai.OpenAI(base_url=f"{tool_server.url}/v1", api_key="unused", timeout=60) as c:
+        yield c
+
+
+NAMED = {"type": "function", "name": "get_weather"}
+
+
+def test_a_function_tool_and_its_output(tool_client):
+    got = create(tool_client, tools=[WEATHER], tool_choice=NAMED, max_output_tokens=160)
     call = got.output[-1]
-    assert call.type == "function_call" and call.name == "get_weather"
+    assert got.status == "completed" and call.type == "function_call"
+    assert call.name == "get_weather" and call.call_id.startswith("call_")
     assert json.loads(call.arguments)["city"] in ("Paris", "Oslo")
     output = {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}
-    answer = create(client, tools=[WEATHER], previous_response_id=got.id, input=[output])
+    answer = create(tool_client, tools=[WEATHER], previous_response_id=got.id, input=[output])
     assert answer.output_text and answer.usage.input_tokens > got.usage.input_tokens
-    items = [
-        {"role": "user", "content": QUESTION},
-        {
-            "type": "function_call",
-            "call_id": call.call_id,
-            "name": call.name,
-            "arguments": call.arguments,
-        },
-        output,
-    ]
-    again = create(client, tools=[WEATHER], input=items)  # the same conversation, sent whole
+    block = ENGINE["block_size"]  # the continued conversation hits the first turn's blocks
+    turn1 = got.usage.input_tokens // block * block
+    assert answer.usage.input_tokens_details.cached_tokens >= turn1
+    function_call = {
+        "type": "function_call",
+        "call_id": call.call_id,
+        "name": call.name,
+        "arguments": call.arguments,
+    }
+    items = [{"role": "user", "content": QUESTION}, function_call, output]
+    again = create(tool_client, tools=[WEATHER], input=items)  # the conversation, sent whole
     assert again.output_text == answer.output_text
+    assert again.usage.input_tokens == answer.usage.input_tokens
 
 
-def test_streamed_function_call_events(client):
-    choice = {"type": "function", "name": "get_weather"}
+def test_streamed_function_call_events(tool_client):
     kinds, fragments, done = [], [], None
     with create(
-        client, tools=[WEATHER], tool_choice=choice, max_output_tokens=64, stream=True
+        tool_client, tools=[WEATHER], tool_choice=NAMED, max_output_tokens=160, stream=True
     ) as stream:
         for event in stream:
             kinds.append(event.type)
@@ -162,32 +172,41 @@ def test_streamed_function_call_events(client):
     assert "response.function_call_arguments.done" in kinds
     call = done.output[-1]
     assert call.type == "function_call" and "".join(fragments) == call.arguments
+    whole = create(tool_client, tools=[WEATHER], tool_choice=NAMED, max_output_tokens=160)
+    # the same call; the chat path streams the model's own spacing, and re-dumps it whole
+    assert json.loads(whole.output[-1].arguments) == json.loads(call.arguments)
 
 
-def test_the_agents_sdk_default_responses_model_calls_a_function_tool(client, server):
+def test_the_agents_sdk_default_responses_model_calls_a_function_tool(tool_server):
     agents = pytest.importorskip("agents")
     calls: list[str] = []
 
     @agents.function_tool
-    def get_weather(city: str) -> str:
+    def get_weather(city: Literal["Paris", "Oslo"]) -> str:
         """The weather in a city."""
         calls.append(city)
         return "sunny"
 
     agents.set_tracing_disabled(True)
-    agents.set_default_openai_client(
-        openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused"), use_for_tracing=False
-    )
-    agents.set_default_openai_api("responses")
+    sdk_client = openai.AsyncOpenAI(base_url=f"{tool_server.url}/v1", api_key="unused")
+    # the SDK's default model class (set_default_openai_api("responses") picks it by a name;
+    # the served name here is a path, which the SDK's provider would read as a prefix)
+    model = agents.OpenAIResponsesModel(model=tool_server.model, openai_client=sdk_client)
     agent = agents.Agent(
         name="weather",
         instructions="Use the tool.",
-        model=client.models.list().data[0].id,
+        model=model,
         tools=[get_weather],
-        model_settings=agents.ModelSettings(tool_choice="required", max_tokens=24, temperature=0),
+        model_settings=agents.ModelSettings(tool_choice="required", max_tokens=96, temperature=0),
+        # the run ends with the tool's result: random weights would answer until the token
+        # limit, which the SDK treats as a failed turn (response.incomplete)
+        tool_use_behavior="stop_on_first_tool",
     )
     result = agents.Runner.run_sync(agent, "Responses: the weather?", max_turns=3)
-    assert calls and isinstance(result.final_output, str)
+    assert len(calls) == 1 and calls[0] in ("Paris", "Oslo")
+    outputs = [item for item in result.new_items if item.type == "tool_call_output_item"]
+    assert [item.output for item in outputs] == ["sunny"]
+    assert result.final_output == "sunny"
     # the Responses model ran it: its responses have ids (the chat model's have none)
     assert all(r.response_id.startswith("resp_") for r in result.raw_responses)
 
@@ -199,7 +218,7 @@ REFUSED = [
     ({"background": True}, "background"),
     ({"conversation": "conv_1"}, "conversation"),
     ({"top_logprobs": 3}, "top_logprobs"),
-    ({"parallel_tool_calls": False}, "parallel_tool_calls"),
+    ({"parallel_tool_calls": "no"}, "parallel_tool_calls"),
     ({"made_up": 1}, "made_up"),
     ({"input": []}, "input"),
     ({"input": [{"type": "reasoning", "summary": []}]}, "input"),

@@ -91,7 +91,7 @@ class ResponseShape:
             "top_p": request.get("top_p", 1.0),
             "tools": request.get("tools") or [],
             "tool_choice": request.get("tool_choice") or "auto",
-            "parallel_tool_calls": True,
+            "parallel_tool_calls": request.get("parallel_tool_calls") is not False,
             "previous_response_id": request.get("previous_response_id"),
             "store": request.get("store", True) is not False,
             "text": request.get("text") or {"format": {"type": "text"}},

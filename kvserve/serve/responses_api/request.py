@@ -34,6 +34,7 @@ SERVED = frozenset(
         "previous_response_id",
         "store",
         "metadata",
+        "parallel_tool_calls",
     }
 )
 IGNORED = frozenset(
@@ -49,7 +50,6 @@ REFUSED: dict[str, Unsupported] = {
     "prompt": Unsupported("prompt templates"),
     "max_tool_calls": Unsupported("max_tool_calls"),
     "top_logprobs": Unsupported("logprobs", (0,)),
-    "parallel_tool_calls": Unsupported("parallel_tool_calls false", (True,)),
     "context_management": Unsupported("context management"),
     "stream_options": Unsupported("stream options", ({},)),
 }
@@ -88,6 +88,8 @@ def translate(body: dict[str, Any], history: list[dict[str, Any]]) -> Translated
         chat["tools"] = chat_tools(body["tools"])
     if body.get("tool_choice") is not None:
         chat["tool_choice"] = chat_tool_choice(body["tool_choice"])
+    if body.get("parallel_tool_calls") is not None:
+        chat["parallel_tool_calls"] = body["parallel_tool_calls"]
     response_format = chat_response_format(body.get("text"))
     if response_format is not None:
         chat["response_format"] = response_format

@@ -1,0 +1,77 @@
+"""One completion's tool calls read delta by delta, as OpenAI streams them.
+
+Each delta of text goes in; out come the content that is surely content (the
+text before the first call, less a tail that may be the start of the
+trigger, held until the next delta tells), and call pieces: per call, first
+its index, id, type and name with arguments "", then fragments of its
+arguments' JSON text as the model writes them. The trigger and a call's
+wrapper never reach the content. The whole text is re-read on each delta
+(answers are short; a call's JSON text is never cut at a wrong place).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvserve.tool_calls.parser import ToolParser
+from kvserve.tool_calls.types import ToolCallDelta, new_call_id
+
+
+@dataclass(slots=True)
+class _Sent:
+    id: str
+    arguments: int = 0
+    """Characters of the arguments' text sent so far."""
+
+
+@dataclass(slots=True)
+class StreamPiece:
+    content: str = ""
+    calls: list[ToolCallDelta] = field(default_factory=list)
+
+
+class ToolCallStream:
+    """The streaming state of one completion (one choice of one request)."""
+
+    def __init__(self, parser: ToolParser) -> None:
+        self.parser = parser
+        self.text = ""
+        self._content_sent = 0
+        self._sent: list[_Sent] = []
+
+    @property
+    def called(self) -> bool:
+        """A call was announced (the choice ends with finish_reason "tool_calls")."""
+        return bool(self._sent)
+
+    def feed(self, delta: str) -> StreamPiece:
+        """What `delta` adds to the stream."""
+        self.text += delta
+        content, raws = self.parser.split(self.text)
+        safe = len(content) if raws else len(content) - self.parser.held_back(content)
+        piece = StreamPiece(content[self._content_sent : safe] if not self._sent else "")
+        self._content_sent = max(self._content_sent, safe)
+        for index, raw in enumerate(raws):
+            partial = self.parser.partial(raw)
+            if partial.name is None:
+                break
+            if index == len(self._sent):
+                self._sent.append(_Sent(new_call_id()))
+                piece.calls.append(ToolCallDelta(index, "", self._sent[index].id, partial.name))
+            sent = self._sent[index]
+            fragment = partial.arguments[sent.arguments :]
+            if fragment:
+                piece.calls.append(ToolCallDelta(index, fragment))
+                sent.arguments = len(partial.arguments)
+        return piece
+
+    def finish(self) -> StreamPiece:
+        """The end of the output: a tail held back is content after all (no call came)."""
+        if self._sent:
+            return StreamPiece()
+        content, raws = self.parser.split(self.text)
+        if raws:  # a call started but its name never closed: it was text after all
+            content = self.text
+        rest = content[self._content_sent :]
+        self._content_sent = len(content)
+        return StreamPiece(rest)
