@@ -196,7 +196,7 @@ async def _first_outputs(job: Job, state: ServerState, constraint: str | None = 
             item = await job.outputs.get()
             if isinstance(item, RequestRefused):
                 # names the request and counts, never the prompt's text
-                message = str(item)
+                message = tools.as_sent(str(item)) if constraint == "tools" else str(item)
                 if len(job.parts) > 1:
                     message = f"prompt {job.parts[item.request_id].index}: {message}"
                 param = structured.engine_param(str(item), constraint)

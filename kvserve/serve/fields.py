@@ -7,7 +7,7 @@ of two kinds:
 - Defined by OpenAI's or vLLM's API, would change the answer, and not
   implemented here (the tables below): a 400 naming it, unless its value is
   neutral, one that asks for nothing (null always, and each entry's own
-  values: `tools: []`, `add_generation_prompt: true`, ...). A neutral value is
+  values: `functions: []`, `add_generation_prompt: true`, ...). A neutral value is
   accepted silently, so a client or router that sends a default still works;
   anything else would be answered as if the field were not there, which is
   the wrong answer, not an ignored detail.

@@ -57,6 +57,7 @@ _STRUCTURED: dict[str, Any] = {
             "regex": {"type": "string", "minLength": 1},
             "choice": _CHOICE,
             "grammar": {"type": "string", "minLength": 1},
+            "structural_tag": {"type": "string", "minLength": 1},
         },
         "additionalProperties": False,
     },

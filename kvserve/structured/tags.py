@@ -21,7 +21,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from kvserve.sampling_params import StructuredOutputsParams
+
 Format = dict[str, Any]
+COMPACT_WHITESPACE = 2
+"""Whitespace characters in a row a JSON format built here allows (`{"a": 1}` needs one):
+without a bound a model, a small or random one above all, may pad until its token limit."""
 
 
 def json_schema(schema: dict[str, Any] | bool, max_whitespace: int | None = None) -> Format:
@@ -42,6 +47,31 @@ def any_text(excludes: list[str] | None = None) -> Format:
 def const(text: str) -> Format:
     """Exactly `text`."""
     return {"type": "const_string", "value": text}
+
+
+def one_of(*formats: Format) -> Format:
+    """Exactly one of the formats."""
+    return {"type": "or", "elements": list(formats)}
+
+
+def as_format(spec: StructuredOutputsParams) -> Format:
+    """A request's constraint as a format, to compose it with others (the answer a
+    tool-calling request gives when it calls nothing, a schema after a reasoning block).
+    ValueError when a JSON schema given as text is not JSON."""
+    kind, text = spec.key
+    if kind in ("json", "json_object"):
+        try:
+            schema = json.loads(text) if kind == "json" else {"type": "object"}
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"structured_outputs.json is not valid JSON: {exc}") from None
+        return json_schema(schema, COMPACT_WHITESPACE)
+    if kind == "regex":
+        return {"type": "regex", "pattern": text}
+    if kind == "choice":
+        return one_of(*(const(choice) for choice in json.loads(text)))
+    if kind == "structural_tag":
+        return dict(json.loads(text)["format"])
+    return {"type": "grammar", "grammar": text}
 
 
 def tag(begin: str, content: Format, end: str) -> Format:

@@ -18,12 +18,9 @@ import re
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from kvserve.structured.tags import Format, json_schema, tag
+from kvserve.structured.tags import COMPACT_WHITESPACE, Format, json_schema, tag
 from kvserve.tool_calls.types import ParsedOutput, ToolCall
 
-MAX_WHITESPACE = 2
-"""Whitespace characters in a row a call's arguments may hold (`{"a": 1}` needs one; the
-bound keeps a model from padding a forced call until its token limit)."""
 _NAME = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(\w+)"\s*:\s*')
 
 
@@ -78,7 +75,7 @@ class ToolParser:
     def call_tag(self, function: str, parameters: dict[str, Any] | bool) -> Format:
         """The grammar of one call of `function`, in this format."""
         begin = f'{self.call_begin}{{"name": {json.dumps(function)}, "{self.arguments_key}": '
-        return tag(begin, json_schema(parameters, MAX_WHITESPACE), self.call_end)
+        return tag(begin, json_schema(parameters, COMPACT_WHITESPACE), self.call_end)
 
     def parse(self, text: str) -> ParsedOutput:
         """A whole output: its content and calls. Output whose calls do not read as

@@ -9,6 +9,9 @@ grammar that makes the model's calls valid.
   it. Both are forced from the first token, so any model, a tiny random one
   too, answers with a valid call.
 - `parallel_tool_calls: false`: at most one call.
+- Another constraint on the answer (`response_format`, as the Agents SDK sends
+  with an `output_type`): with `auto` the output is either calls or an answer
+  matching it; forced calls are the whole answer, so it does not apply.
 
 The grammar is written by the parser (`call_tag`), in the format it reads back.
 Errors are ValueErrors whose message starts with the field at fault.
@@ -22,7 +25,13 @@ from typing import Any
 
 from kvserve.chat_template import offered_tools
 from kvserve.sampling_params import StructuredOutputsParams
-from kvserve.structured.tags import free_text_then_tags, structural_tag, tags_only
+from kvserve.structured.tags import (
+    Format,
+    free_text_then_tags,
+    one_of,
+    structural_tag,
+    tags_only,
+)
 from kvserve.tool_calls.parser import ToolParser
 
 CHOICES = ("none", "auto", "required")
@@ -52,8 +61,11 @@ class ToolRequest:
         """What the chat template is given (None with `none`: no tool is offered)."""
         return offered_tools(self.tools, self.choice)
 
-    def constraint(self, parser: ToolParser) -> StructuredOutputsParams | None:
-        """The grammar of the allowed outputs, in `parser`'s format (None: `none`)."""
+    def constraint(
+        self, parser: ToolParser, answer: Format | None = None
+    ) -> StructuredOutputsParams | None:
+        """The grammar of the allowed outputs, in `parser`'s format (None: `none`);
+        `answer`: what a reply without calls must be (`auto` only)."""
         if not self.parses:
             return None
         tags = [
@@ -61,7 +73,10 @@ class ToolRequest:
             for tool in self.tools
             if self.named is None or tool["function"]["name"] == self.named
         ]
-        if self.choice == "auto":
+        if self.choice == "auto" and answer is not None:
+            calls = tags_only(tags, parser.separator, stop_after_first=not self.parallel)
+            format = one_of(calls, answer)
+        elif self.choice == "auto":
             format = free_text_then_tags([parser.trigger], tags, stop_after_first=not self.parallel)
         else:
             single = self.choice == "named" or not self.parallel

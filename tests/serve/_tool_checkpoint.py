@@ -8,6 +8,7 @@ towards starting a call."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -34,24 +35,38 @@ Call a function with <tool_call>{"name": ..., "arguments": ...}</tool_call>. Fun
 
 
 MARKERS = ["<tool_call>", "</tool_call>"]
+TOOL_MODEL = "demo-tools"
+"""The name the tool server serves it under."""
 
 
 def tool_checkpoint(demo: str, folder: Path) -> str:
-    """The demo checkpoint with TOOL_TEMPLATE and the markers as tokens, saved in `folder`."""
+    """The demo checkpoint with TOOL_TEMPLATE and the markers as tokens, saved in `folder`.
+    Edited in place of a copy (no model class loaded: the embeddings are one tensor)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from safetensors.torch import load_file, save_file
+    from tokenizers import AddedToken, Tokenizer
 
     target = folder / "demo-tools"
-    if not target.is_dir():
-        tmp = folder / "demo-tools.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tokenizer = AutoTokenizer.from_pretrained(demo)
-        tokenizer.add_tokens(MARKERS)
-        tokenizer.chat_template = TOOL_TEMPLATE
-        torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_pretrained(demo, dtype=torch.float32)
-        model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=8)
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        tmp.rename(target)
+    if target.is_dir():
+        return str(target)
+    tmp = folder / "demo-tools.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(demo, tmp)
+    tokenizer = Tokenizer.from_file(str(tmp / "tokenizer.json"))
+    tokenizer.add_tokens([AddedToken(marker, special=False) for marker in MARKERS])
+    tokenizer.save(str(tmp / "tokenizer.json"))
+    tokenizer_config = json.loads((tmp / "tokenizer_config.json").read_text())
+    tokenizer_config["chat_template"] = TOOL_TEMPLATE
+    (tmp / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    config = json.loads((tmp / "config.json").read_text())
+    rows = -(-tokenizer.get_vocab_size() // 8) * 8  # padded, as checkpoints often are
+    weights = load_file(tmp / "model.safetensors")
+    embed = weights["model.embed_tokens.weight"]  # tied: the output layer too
+    new = torch.Generator().manual_seed(0)
+    extra = torch.randn(rows - embed.shape[0], embed.shape[1], generator=new) * embed.std()
+    weights["model.embed_tokens.weight"] = torch.cat([embed, extra.to(embed.dtype)])
+    save_file(weights, tmp / "model.safetensors", metadata={"format": "pt"})
+    config["vocab_size"] = rows
+    (tmp / "config.json").write_text(json.dumps(config))
+    tmp.rename(target)
     return str(target)

@@ -124,9 +124,10 @@ def server(demo) -> Iterator[Server]:
 @pytest.fixture(scope="session")
 def tool_server(demo, tmp_path_factory) -> Iterator[Server]:
     """A server on the demo checkpoint with a template that renders tools (hermes markers)."""
-    from _tool_checkpoint import tool_checkpoint
+    from _tool_checkpoint import TOOL_MODEL, tool_checkpoint
 
-    srv = start_server(tool_checkpoint(demo, tmp_path_factory.mktemp("tools")))
+    path = tool_checkpoint(demo, tmp_path_factory.mktemp("tools"))
+    srv = start_server(path, "--served-model-name", TOOL_MODEL)
     yield srv
     stop_server(srv)
 

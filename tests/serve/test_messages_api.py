@@ -94,7 +94,8 @@ def tool_claude(tool_server):
 
 
 def test_a_tool_call_and_its_result(tool_claude, tool_server):
-    ask = {"model": tool_server.model, "max_tokens": 160, "extra_body": GREEDY}
+    model = httpx.get(f"{tool_server.url}/v1/models", timeout=30).json()["data"][0]["id"]
+    ask = {"model": model, "max_tokens": 160, "extra_body": GREEDY}
     question = [{"role": "user", "content": QUESTION}]
     choice = {"type": "tool", "name": "get_weather"}
     got = tool_claude.messages.create(**ask, tools=[WEATHER], tool_choice=choice, messages=question)
@@ -119,9 +120,7 @@ def test_a_tool_call_and_its_result(tool_claude, tool_server):
         final = stream.get_final_message()
     assert final.content[-1].input == use.input and final.stop_reason == "tool_use"
     assert "input_json" in kinds  # the SDK's own event for each input_json_delta
-    counted = tool_claude.messages.count_tokens(
-        model=tool_server.model, tools=[WEATHER], messages=turns
-    )
+    counted = tool_claude.messages.count_tokens(model=model, tools=[WEATHER], messages=turns)
     prompt = answer.usage.input_tokens + answer.usage.cache_read_input_tokens
     assert counted.input_tokens == prompt  # the tools are part of the prompt counted
 

@@ -189,9 +189,9 @@ def test_the_agents_sdk_default_responses_model_calls_a_function_tool(tool_serve
 
     agents.set_tracing_disabled(True)
     sdk_client = openai.AsyncOpenAI(base_url=f"{tool_server.url}/v1", api_key="unused")
-    # the SDK's default model class (set_default_openai_api("responses") picks it by a name;
-    # the served name here is a path, which the SDK's provider would read as a prefix)
-    model = agents.OpenAIResponsesModel(model=tool_server.model, openai_client=sdk_client)
+    # the SDK's default model class (what set_default_openai_api("responses") picks by name)
+    name = httpx.get(f"{tool_server.url}/v1/models", timeout=30).json()["data"][0]["id"]
+    model = agents.OpenAIResponsesModel(model=name, openai_client=sdk_client)
     agent = agents.Agent(
         name="weather",
         instructions="Use the tool.",

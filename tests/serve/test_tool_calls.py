@@ -13,6 +13,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
+from _tool_checkpoint import TOOL_MODEL
 
 WEATHER = {
     "type": "object",
@@ -33,7 +34,9 @@ TOOLS = [
     {"type": "function", "function": {"name": "get_time", "parameters": TIME}},
 ]
 SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
+BAD_REGEX = {"type": "object", "properties": {"a": {"type": "string", "pattern": "(("}}}
 ASK = [{"role": "user", "content": "Weather in Paris for two days, and the time there?"}]
+MODEL = TOOL_MODEL
 TRIGGER_TOKEN = 2048
 """`<tool_call>` in the test checkpoint's vocabulary (_tool_checkpoint.py)."""
 
@@ -45,8 +48,7 @@ def tool_client(tool_server):
 
 
 def ask(client: openai.OpenAI, **kwargs: Any) -> Any:
-    model = client.models.list().data[0].id
-    args = {"model": model, "messages": ASK, "tools": TOOLS, "temperature": 0, "max_tokens": 96}
+    args = {"model": MODEL, "messages": ASK, "tools": TOOLS, "temperature": 0, "max_tokens": 96}
     return client.chat.completions.create(**{**args, **kwargs})
 
 
@@ -116,9 +118,7 @@ def test_auto_leaves_free_text_as_the_model_writes_it(tool_client, tool_server):
     ids = httpx.post(
         f"{tool_server.url}/tokenize", json={"messages": ASK, "tools": TOOLS}, timeout=30
     ).json()["tokens"]
-    plain = tool_client.completions.create(
-        model=tool_client.models.list().data[0].id, prompt=ids, temperature=0, max_tokens=24
-    )
+    plain = tool_client.completions.create(model=MODEL, prompt=ids, temperature=0, max_tokens=24)
     assert answer.choices[0].message.content == plain.choices[0].text
     assert answer.choices[0].finish_reason == plain.choices[0].finish_reason
 
@@ -143,6 +143,29 @@ def test_tool_choice_none_neither_offers_nor_parses(tool_client, tool_server):
     assert answer.choices[0].message.content.startswith("<tool_call>")  # text, not parsed
     rendered = detokenized(tool_server, {"messages": ASK, "tools": TOOLS, "tool_choice": "none"})
     assert "get_weather" not in rendered
+
+
+ANSWER = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+
+
+@pytest.mark.parametrize("bias", [-100, 100], ids=["no-call", "call"])
+def test_auto_with_response_format_gives_calls_or_a_matching_answer(tool_client, bias):
+    """The Agents SDK's `output_type` with tools: a reply is calls, or JSON of the schema."""
+    response_format = {"type": "json_schema", "json_schema": {"name": "a", "schema": ANSWER}}
+    whole = ask(
+        tool_client,
+        tool_choice="auto",
+        parallel_tool_calls=False,
+        response_format=response_format,
+        logit_bias={str(TRIGGER_TOKEN): bias},  # -100: the call's marker token is out
+    )
+    message = whole.choices[0].message
+    if bias > 0:
+        assert whole.choices[0].finish_reason == "tool_calls" and message.content is None
+        assert len(valid_calls(message.tool_calls)) == 1
+    else:
+        assert whole.choices[0].finish_reason == "stop" and message.tool_calls is None
+        jsonschema.validate(json.loads(message.content), ANSWER)
 
 
 HISTORY = [
@@ -201,14 +224,13 @@ def test_history_calls_and_results_reach_the_template(tool_client, tool_server, 
             "tool_choice",
             "'nope', which is not one of the tools",
         ),
-        ({"tools": TOOLS, "tool_choice": "always"}, "tool_choice", "tool_choice must be"),
         ({"tool_choice": "required"}, "tool_choice", "needs tools"),
-        ({"tools": TOOLS, "parallel_tool_calls": "no"}, "parallel_tool_calls", "true or false"),
-        (
-            {"tools": TOOLS, "response_format": {"type": "json_object"}},
-            "tool_choice",
-            "constrain the output themselves",
+        (  # a schema xgrammar cannot compile: its reason, in the client's words
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": BAD_REGEX}}]},
+            "tools",
+            "tools: a function's parameters schema: Regex parsing error",
         ),
+        ({"tools": TOOLS, "parallel_tool_calls": "no"}, "parallel_tool_calls", "true or false"),
     ],
 )
 def test_bad_tools_are_a_400_naming_the_field(tool_server, fields, param, says):
@@ -218,6 +240,7 @@ def test_bad_tools_are_a_400_naming_the_field(tool_server, fields, param, says):
     error = resp.json()["error"]
     assert error["param"] == param and says in error["message"], error
     plain = httpx.post(
-        f"{tool_server.url}/v1/chat/completions", json={"messages": ASK, "max_tokens": 2}
+        f"{tool_server.url}/v1/chat/completions",
+        json={"messages": ASK, "max_tokens": 1, "tools": TOOLS},
     )
     assert plain.status_code == 200  # the server keeps serving

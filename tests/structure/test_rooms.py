@@ -170,3 +170,15 @@ def test_plain_engines_and_the_kv_cache_load_no_grammar_backend():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["[]", "False"]
+
+
+@pytest.mark.parametrize(
+    "path", sorted((PACKAGE / "tool_calls").rglob("*.py")), ids=lambda p: p.name
+)
+def test_tool_calls_know_only_the_request_side(path):
+    """Tool calling reads requests and text: no server, engine or grammar backend."""
+    allowed = {"kvserve.sampling_params", "kvserve.chat_template", "kvserve.structured.tags"}
+    names = {n for n in imported_modules(path) if n.startswith("kvserve")}
+    outside = {n for n in names if not n.startswith("kvserve.tool_calls")} - allowed
+    assert not outside, f"{path.name} imports {sorted(outside)}"
+    assert "xgrammar" not in {n.split(".")[0] for n in imported_modules(path)}

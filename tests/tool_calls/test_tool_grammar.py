@@ -10,6 +10,8 @@ import pytest
 import xgrammar as xgr
 from xgrammar.testing import _is_grammar_accept_string
 
+from kvserve.sampling_params import StructuredOutputsParams
+from kvserve.structured.tags import as_format
 from kvserve.tool_calls.hermes import HermesParser
 from kvserve.tool_calls.llama3_json import Llama3JsonParser
 from kvserve.tool_calls.parser import ToolParser
@@ -99,3 +101,18 @@ def test_none_and_no_tools_ask_for_nothing():
 def test_bad_tool_fields_name_themselves(tools, choice, says):
     with pytest.raises(ValueError, match="^" + re.escape(says)):
         tool_request(tools, choice, None)
+
+
+@pytest.mark.parametrize("parser", PARSERS, ids=lambda p: p.name)
+def test_auto_with_an_answer_format_is_calls_or_that_answer(parser):
+    request = tool_request(TOOLS, "auto", None)
+    assert request is not None
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    answer = as_format(StructuredOutputsParams(json=schema))
+    constraint = request.constraint(parser, answer)
+    assert constraint is not None and constraint.structural_tag is not None
+    grammar = xgr.Grammar.from_structural_tag(constraint.structural_tag)
+    assert _is_grammar_accept_string(grammar, call(parser, "get_time", '{"zone": "UTC"}'))
+    assert _is_grammar_accept_string(grammar, '{"ok": true}')
+    assert not _is_grammar_accept_string(grammar, '{"no": true}')
+    assert not _is_grammar_accept_string(grammar, "free text")
