@@ -34,8 +34,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions)",
         description=(
             "Serve one model over OpenAI's API: /v1/models, /v1/completions, "
-            "/v1/chat/completions (streaming with Server-Sent Events), /tokenize, "
-            "/detokenize, /health, /version."
+            "/v1/chat/completions (streaming with Server-Sent Events), /v1/responses, "
+            "Anthropic's /v1/messages, /tokenize, /detokenize, /health, /version. "
+            "The model is MODEL or --model."
         ),
         formatter_class=HelpFormatter,
     )
