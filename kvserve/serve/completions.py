@@ -20,7 +20,8 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
@@ -287,7 +288,7 @@ async def collect(request: Request, job: Job, state: ServerState) -> dict[str, A
     return job.body()
 
 
-async def chunks(job: Job, state: ServerState) -> AsyncIterator[dict[str, Any]]:
+async def chunks(job: Job, state: ServerState) -> AsyncGenerator[dict[str, Any], None]:
     """The stream's chunk bodies: (chat) the role first, each delta, finish_reason last, then
     usage when asked. The engine's failure raises (RuntimeError; ServerStopping when the
     server stops); a consumer that stops reading aborts the engine's work."""
@@ -314,8 +315,9 @@ async def chunks(job: Job, state: ServerState) -> AsyncIterator[dict[str, Any]]:
 async def _events(job: Job, state: ServerState) -> AsyncIterator[str]:
     """SSE: each chunk, an abort chunk or an error event at a failure, then [DONE]."""
     try:
-        async for chunk in chunks(job, state):
-            yield sse(chunk)
+        async with aclosing(chunks(job, state)) as stream:  # closed (aborted) with this one
+            async for chunk in stream:
+                yield sse(chunk)
     except ServerStopping:  # end each open choice as aborted
         yield sse(job.abort_chunk())
     except RuntimeError as exc:

@@ -75,6 +75,16 @@ def test_a_client_that_leaves_aborts_its_request(demo):
             "POST", f"{srv.url}/v1/completions", json={**body, "stream": True}, timeout=60
         ) as resp:
             next(resp.iter_lines())  # one chunk, then hang up
+        # the Responses and Messages APIs' streams too (one path: the same abort)
+        messages = [{"role": "user", "content": "go on"}]
+        for path, other in (
+            ("/v1/responses", {"input": "go on", "max_output_tokens": 2000}),
+            ("/v1/messages", {"messages": messages, "max_tokens": 2000}),
+        ):
+            with httpx.stream(
+                "POST", f"{srv.url}{path}", json={**other, "stream": True}, timeout=60
+            ) as resp:
+                next(resp.iter_lines())
         t0 = time.monotonic()
         with pytest.raises(httpx.ReadTimeout):  # a plain request whose client gives up
             httpx.post(f"{srv.url}/v1/completions", json=body, timeout=0.3)
@@ -83,7 +93,7 @@ def test_a_client_that_leaves_aborts_its_request(demo):
         print("plain request abandoned after", time.monotonic() - t0)
     finally:
         log = stop_server(srv)
-    assert log.count("aborted (client disconnected)") == 2, log[-2000:]
+    assert log.count("aborted (client disconnected)") == 4, log[-2000:]
 
 
 def test_no_chat_template_is_a_400_that_says_so(checkpoints):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
 from typing import Any
 
 from fastapi import Request
@@ -63,13 +64,14 @@ async def _events(job: Job, state: ServerState, shape: MessageShape) -> AsyncIte
     reader = StreamReader()
     started = False
     try:
-        async for chunk in completions.chunks(job, state):
-            pieces = reader.feed(chunk)
-            if not started and pieces:  # after the first step: its usage counts the cache hit
-                started = True
-                yield output.start_event(shape, reader.answer.usage)
-            for piece in pieces:
-                yield output.piece_event(piece)
+        async with aclosing(completions.chunks(job, state)) as chunks:  # a client gone: abort
+            async for chunk in chunks:
+                pieces = reader.feed(chunk)
+                if not started and pieces:  # after the first step: usage counts the cache hit
+                    started = True
+                    yield output.start_event(shape, reader.answer.usage)
+                for piece in pieces:
+                    yield output.piece_event(piece)
         if not started:
             yield output.start_event(shape, reader.answer.usage)
         for piece in reader.close():

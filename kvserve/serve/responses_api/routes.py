@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from contextlib import aclosing, contextmanager
 from typing import Any
 
 from fastapi import Request
@@ -72,10 +72,11 @@ async def _events(
     for event in writer.opening():
         yield event
     try:
-        async for chunk in completions.chunks(job, state):
-            for piece in reader.feed(chunk):
-                for event in writer.piece(piece):
-                    yield event
+        async with aclosing(completions.chunks(job, state)) as chunks:  # a client gone: abort
+            async for chunk in chunks:
+                for piece in reader.feed(chunk):
+                    for event in writer.piece(piece):
+                        yield event
     except (RuntimeError, ServerStopping, APIError) as exc:
         yield writer.error(str(exc))
         return
