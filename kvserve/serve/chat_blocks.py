@@ -110,10 +110,10 @@ class StreamReader:
         for choice in chunk.get("choices") or []:
             delta = choice.get("delta") or {}
             if delta.get("content"):
-                pieces += self._grow("text", None, delta["content"])
+                pieces += self._grow(None, delta["content"])
             for call in delta.get("tool_calls") or []:
                 function = call.get("function") or {}
-                pieces += self._grow("tool", call, function.get("arguments") or "")
+                pieces += self._grow(call, function.get("arguments") or "")
             if choice.get("finish_reason") is not None:
                 self.answer.finish_reason = choice["finish_reason"]
                 self.answer.stop_reason = choice.get("stop_reason")
@@ -127,7 +127,8 @@ class StreamReader:
         block, self._open = self._open, None
         return [Piece("stop", block)]
 
-    def _grow(self, kind: str, call: dict[str, Any] | None, text: str) -> list[Piece]:
+    def _grow(self, call: dict[str, Any] | None, text: str) -> list[Piece]:
+        """Text (`call` None) or a tool call's fragment: its block, opened if new."""
         pieces: list[Piece] = []
         block = self._open
         if call is not None:
