@@ -1,5 +1,6 @@
 """`kvserve serve MODEL` (issue 30, item 6): the model positionally, as `vllm serve MODEL`
-takes it; `--model` still works; both given and different is a one-line error."""
+takes it; `--model` still works; both given and different is a one-line error (so is a
+negative --responses-store-size)."""
 
 from __future__ import annotations
 
@@ -28,3 +29,8 @@ def test_two_different_models_are_refused_before_loading(capsys):
     line = capsys.readouterr().err.strip()
     assert line.startswith("kvserve serve: error: the model is given twice"), line
     assert "'/no/such/a'" in line and "--model '/no/such/b'" in line
+
+
+def test_a_negative_responses_store_size_is_refused_before_loading(capsys):
+    assert main(["serve", "--responses-store-size", "-1"]) == 2
+    assert "--responses-store-size must be >= 0" in capsys.readouterr().err
