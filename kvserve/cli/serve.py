@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from kvserve.cli.common import HelpFormatter, add_model_option, loopback_events, positive
 from kvserve.cli.engine_options import add_engine_options, engine_args_from
 from kvserve.serve.metrics import PREFIXES
+from kvserve.serve.responses_api.store import RESPONSES_STORE_SIZE
 from kvserve.tool_calls.registry import PARSERS
 
 if TYPE_CHECKING:
@@ -32,10 +33,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions)",
         description=(
             "Serve one model over OpenAI's API: /v1/models, /v1/completions, "
-            "/v1/chat/completions (streaming with Server-Sent Events), /tokenize, "
-            "/detokenize, /health, /version."
+            "/v1/chat/completions (streaming with Server-Sent Events), /v1/responses, "
+            "Anthropic's /v1/messages, /tokenize, /detokenize, /health, /version. "
+            "The model is MODEL or --model."
         ),
         formatter_class=HelpFormatter,
+    )
+    p.add_argument(
+        "model_arg",
+        nargs="?",
+        metavar="MODEL",
+        help="the model, as `vllm serve MODEL` takes it (the same as --model)",
     )
     add_model_option(p)
     s = p.add_argument_group("server")
@@ -72,6 +80,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--log-requests",
         action="store_true",
         help="log each request's prompt and sampling parameters (off: logs hold no prompt text)",
+    )
+    s.add_argument(
+        "--responses-store-size",
+        type=int,
+        default=RESPONSES_STORE_SIZE,
+        help="/v1/responses kept for GET and previous_response_id (least recently used go "
+        "first; 0: none kept)",
     )
     s.add_argument(
         "--tool-call-parser",
@@ -136,7 +151,19 @@ def limits_from(args: argparse.Namespace) -> ServeLimits:
     )
 
 
+def model_from(args: argparse.Namespace) -> str | None:
+    """MODEL or --model (both given, they must agree)."""
+    if args.model_arg is not None and args.model is not None and args.model_arg != args.model:
+        raise ValueError(
+            f"the model is given twice, differently: {args.model_arg!r} and --model {args.model!r}"
+        )
+    return args.model_arg if args.model_arg is not None else args.model
+
+
 def run(args: argparse.Namespace) -> int:
+    args.model = model_from(args)
+    if args.responses_store_size < 0:
+        raise ValueError(f"--responses-store-size must be >= 0, got {args.responses_store_size}")
     engine_args = engine_args_from(args)
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     if args.data_parallel_size > 1:  # the parent runs no engine: children do, a router fronts

@@ -1,11 +1,13 @@
 """The FastAPI application: routes, the API key check, and the small endpoints.
 
-Generation lives in completions.py; this file wires it up with /v1/models,
+Generation lives in completions.py (and the Responses and Messages APIs over
+it, responses_api/ and messages_api/); this file wires them up with /v1/models,
 /health, /metrics, /version, /kv-metadata, /openapi.json, /tokenize and /detokenize.
 With an API key every route but /health and /metrics wants `Authorization:
-Bearer KEY` (compared in constant time), so a load balancer can probe and
-scrape a protected server. Request bodies pass limits.py's size and time
-limits first; tokenizer work runs on the tokenizer's worker thread.
+Bearer KEY` or, as Anthropic's clients send it, `x-api-key: KEY` (compared in
+constant time), so a load balancer can probe and scrape a protected server.
+Request bodies pass limits.py's size and time limits first; tokenizer work
+runs on the tokenizer's worker thread.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import hmac
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -21,11 +24,16 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from kvserve.serve import completions, protocol, tools
 from kvserve.serve.errors import APIError, error_response, install_error_handlers
 from kvserve.serve.limits import BodyLimits
+from kvserve.serve.messages_api import routes as messages_api
+from kvserve.serve.messages_api.output import error_body as anthropic_error
 from kvserve.serve.openapi import openapi_document
+from kvserve.serve.responses_api import routes as responses_api
 from kvserve.serve.state import ServerState
 from kvserve.version import version as installed_version
 
 OPEN_PATHS = frozenset({"/health", "/metrics"})
+MESSAGES_PATH = "/v1/messages"
+"""Anthropic's API: its errors in Anthropic's body."""
 
 
 def create_app(state: ServerState) -> FastAPI:
@@ -83,6 +91,26 @@ def create_app(state: ServerState) -> FastAPI:
     async def create_chat_completion(request: Request) -> Any:
         return await completions.chat_completions(request, state)
 
+    @app.post("/v1/responses")
+    async def create_response(request: Request) -> Any:
+        return await responses_api.create(request, state)
+
+    @app.get("/v1/responses/{response_id}")
+    async def get_response(response_id: str) -> dict[str, Any]:
+        return responses_api.retrieve(response_id, state)
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str) -> dict[str, Any]:
+        return responses_api.delete(response_id, state)
+
+    @app.post("/v1/messages")
+    async def create_message(request: Request) -> Any:
+        return await messages_api.create(request, state)
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_message_tokens(request: Request) -> Any:
+        return await messages_api.count_tokens(request, state)
+
     @app.post("/tokenize")
     async def tokenize(request: Request) -> dict[str, Any]:
         return await _tokenize(request, state)
@@ -90,7 +118,7 @@ def create_app(state: ServerState) -> FastAPI:
     @app.post("/detokenize")
     async def detokenize(request: Request) -> dict[str, Any]:
         body = protocol.parse_json(await request.body())
-        protocol.check_fields(body, frozenset({"model", "tokens"}))
+        protocol.check_fields(body, protocol.DETOKENIZE_FIELDS)
         state.check_model(body.get("model"))
         tokens = body.get("tokens")
         if not isinstance(tokens, list) or not all(
@@ -114,12 +142,19 @@ class _KeyCheck:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
-            header = Headers(scope=scope).get("authorization", "")
-            scheme, _, given = header.partition(" ")
-            given_key = given.strip().encode()
-            if scheme.lower() != "bearer" or not hmac.compare_digest(given_key, self.key):
+            headers = Headers(scope=scope)
+            scheme, _, given = headers.get("authorization", "").partition(" ")
+            bearer = scheme.lower() == "bearer" and hmac.compare_digest(
+                given.strip().encode(), self.key
+            )
+            # Anthropic's clients send the key as `x-api-key` (as vLLM accepts it there)
+            anthropic = hmac.compare_digest(headers.get("x-api-key", "").encode(), self.key)
+            if not bearer and not anthropic:
                 message = "a valid API key is required (Authorization: Bearer KEY)"
-                await error_response(APIError(message, 401))(scope, receive, send)
+                response = error_response(APIError(message, 401))
+                if scope["path"].startswith(MESSAGES_PATH):
+                    response = JSONResponse(anthropic_error(message, 401), 401)
+                await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
@@ -128,8 +163,7 @@ async def _tokenize(request: Request, state: ServerState) -> dict[str, Any]:
     """A prompt's token ids, or a conversation's through the chat template (as chat runs it,
     its `tools` included)."""
     body = protocol.parse_json(await request.body())
-    allowed = {"model", "prompt", "messages", "add_special_tokens", *tools.FIELDS}
-    protocol.check_fields(body, frozenset(allowed))
+    protocol.check_fields(body, protocol.TOKENIZE_FIELDS)
     state.check_model(body.get("model"))
     worker = state.tokens
     worker.checked_tokenizer()

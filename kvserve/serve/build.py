@@ -19,6 +19,7 @@ from kvserve.serve.engine_thread import EngineThread
 from kvserve.serve.kv_metadata import kv_metadata_body
 from kvserve.serve.limits import ServeLimits
 from kvserve.serve.metrics import EngineObserver, ServerMetrics, cache_config_info
+from kvserve.serve.responses_api.store import ResponseStore
 from kvserve.serve.state import ServerState
 
 log = logging.getLogger("kvserve.serve")
@@ -70,6 +71,7 @@ def build_served_engine(
         log_requests=args.log_requests,
         kv_metadata=kv_metadata_body(llm.engine, llm.model.path, name),
         limits=limits,
+        responses=ResponseStore(args.responses_store_size),
         tool_call_parser=args.tool_call_parser,
     )
     return ServedEngine(llm, engine, state)

@@ -20,7 +20,9 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
@@ -53,11 +55,33 @@ async def completions(request: Request, state: ServerState) -> Any:
         else:
             _check_ids(state, prompt)
     ids = [p if isinstance(p, list) else await tokens.encode(p) for p in prompts]
-    return await _run(request, state, body, params, prompts, ids, chat=False, ignored=ignored)
+    job = await _start(state, body, params, prompts, ids, chat=False)
+    return await _answer(request, state, job, fields.header(ignored))
 
 
 async def chat_completions(request: Request, state: ServerState) -> Any:
     body = protocol.parse_json(await request.body())
+    prompt = await chat_prompt(state, body)
+    job = await start_chat(state, body, prompt)
+    return await _answer(request, state, job, fields.header(prompt.ignored))
+
+
+@dataclass(slots=True)
+class ChatPrompt:
+    """A chat body checked and rendered: what the engine runs, and how."""
+
+    ids: list[int]
+    params: SamplingParams
+    echo: str
+    """What chat's echo puts first (the last message's content when it is the assistant's)."""
+    ignored: list[str]
+    tool_parser: ToolParser | None = None
+    """Chat with tools: the answer is read for tool calls."""
+
+
+async def chat_prompt(state: ServerState, body: dict[str, Any]) -> ChatPrompt:
+    """The one place a chat body becomes a prompt and SamplingParams (the Responses and
+    Messages APIs translate their bodies into chat bodies and come here too)."""
     ignored = _ignored(body, state, chat=True)
     state.check_model(body.get("model"))
     messages = protocol.chat_messages(body)
@@ -84,18 +108,15 @@ async def chat_completions(request: Request, state: ServerState) -> Any:
             )
         params = protocol.with_max_tokens(params, context - len(ids))
     echo = messages[-1]["content"] if messages[-1]["role"] == "assistant" else ""
-    return await _run(
-        request,
-        state,
-        body,
-        params,
-        [ids],
-        [ids],
-        chat=True,
-        ignored=ignored,
-        chat_echo=echo,
-        tool_parser=parser if tool_request is not None and tool_request.parses else None,
-    )
+    tool_parser = parser if tool_request is not None and tool_request.parses else None
+    return ChatPrompt(ids, params, echo, ignored, tool_parser)
+
+
+async def start_chat(state: ServerState, body: dict[str, Any], prompt: ChatPrompt) -> Job:
+    """Submit a rendered chat prompt; back once its first step is done (a refusal: a 400).
+    Read the answer with `collect` (whole) or `chunks` (the stream's chunk bodies)."""
+    ids, parser = prompt.ids, prompt.tool_parser
+    return await _start(state, body, prompt.params, [ids], [ids], True, prompt.echo, parser)
 
 
 def _check_ids(state: ServerState, ids: list[int]) -> None:
@@ -114,21 +135,19 @@ def _ignored(body: dict[str, Any], state: ServerState, chat: bool) -> list[str]:
     return ignored
 
 
-async def _run(
-    request: Request,
+async def _start(
     state: ServerState,
     body: dict[str, Any],
     params: SamplingParams,
     prompts: list[str | list[int]],
     prompt_ids: list[list[int]],
     chat: bool,
-    ignored: list[str],
     chat_echo: str = "",
     tool_parser: ToolParser | None = None,
-) -> Any:
+) -> Job:
     """`prompts` as given (echo shows them), `prompt_ids` what the engine runs; `chat_echo`:
-    what chat's echo puts first (the last message's content when it is the assistant's);
-    `tool_parser`: chat with tools, whose output is read for tool calls."""
+    what chat's echo puts first; `tool_parser`: chat with tools, whose output is read for
+    tool calls."""
     options = protocol.response_options(body, chat=chat)
     cache_salt = protocol.cache_salt(body)
     state.check_admission(len(prompts))
@@ -156,11 +175,15 @@ async def _run(
             part.echo = chat_echo
     elif options.echo:
         await _echo_texts(job, state, prompts)
-    headers = fields.header(ignored)
-    if options.stream:
+    return job
+
+
+async def _answer(request: Request, state: ServerState, job: Job, headers: dict[str, str]) -> Any:
+    """The HTTP answer: SSE chunks, or the whole body once every choice finished."""
+    if job.options.stream:
         events = _events(job, state)
         return StreamingResponse(events, media_type="text/event-stream", headers=headers)
-    return JSONResponse(await _collect(request, job, state), headers=headers)
+    return JSONResponse(await collect(request, job, state), headers=headers)
 
 
 async def _first_outputs(job: Job, state: ServerState, constraint: str | None = None) -> None:
@@ -247,7 +270,7 @@ async def _outputs(job: Job) -> AsyncIterator[RequestOutput]:
         yield item
 
 
-async def _collect(request: Request, job: Job, state: ServerState) -> dict[str, Any]:
+async def collect(request: Request, job: Job, state: ServerState) -> dict[str, Any]:
     """Join the deltas; the request is aborted if the client leaves while it runs."""
     watcher = asyncio.create_task(_watch(request, job, state))
     try:
@@ -265,8 +288,10 @@ async def _collect(request: Request, job: Job, state: ServerState) -> dict[str, 
     return job.body()
 
 
-async def _events(job: Job, state: ServerState) -> AsyncIterator[str]:
-    """SSE chunks: (chat) the role first, each delta, finish_reason last, usage, [DONE]."""
+async def chunks(job: Job, state: ServerState) -> AsyncGenerator[dict[str, Any], None]:
+    """The stream's chunk bodies: (chat) the role first, each delta, finish_reason last, then
+    usage when asked. The engine's failure raises (RuntimeError; ServerStopping when the
+    server stops); a consumer that stops reading aborts the engine's work."""
     finished = False
     try:
         first = job.first_chunk()
@@ -280,13 +305,25 @@ async def _events(job: Job, state: ServerState) -> AsyncIterator[str]:
         if job.options.include_usage:
             yield job.chunk([], job.usage())
     except ServerStopping:
-        finished = True  # the engine already dropped it: end each open choice as aborted
-        yield job.abort_chunk()
-    except RuntimeError as exc:
-        finished = True
-        _abort(job, state)
-        yield f"data: {json.dumps(error_body(str(exc), 500))}\n\n"
+        finished = True  # the engine already dropped it
+        raise
     finally:
-        if not finished:  # the client went away: free the engine's work
+        if not finished:  # the client went away, or the engine failed: free the engine's work
             _abort(job, state)
+
+
+async def _events(job: Job, state: ServerState) -> AsyncIterator[str]:
+    """SSE: each chunk, an abort chunk or an error event at a failure, then [DONE]."""
+    try:
+        async with aclosing(chunks(job, state)) as stream:  # closed (aborted) with this one
+            async for chunk in stream:
+                yield sse(chunk)
+    except ServerStopping:  # end each open choice as aborted
+        yield sse(job.abort_chunk())
+    except RuntimeError as exc:
+        yield sse(error_body(str(exc), 500))
     yield "data: [DONE]\n\n"
+
+
+def sse(body: dict[str, Any]) -> str:
+    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"

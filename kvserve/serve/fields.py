@@ -132,12 +132,41 @@ def ignored_fields(body: dict[str, Any], served: frozenset[str], chat: bool) -> 
         if entry is None:
             ignored.append(name)
         elif not entry.is_neutral(value, body):
-            allowed = ", ".join(json.dumps(v) for v in (None, *entry.neutral))
-            raise APIError(
-                f"unsupported field {name!r}: kvserve does not implement {entry.what} "
-                f"(accepted only as {allowed})",
-                param=name,
-            )
+            raise _refusal(name, entry)
+    return ignored
+
+
+def _refusal(name: str, entry: Unsupported) -> APIError:
+    allowed = ", ".join(json.dumps(v) for v in (None, *entry.neutral))
+    return APIError(
+        f"unsupported field {name!r}: kvserve does not implement {entry.what} "
+        f"(accepted only as {allowed})",
+        param=name,
+    )
+
+
+def strict_fields(
+    body: dict[str, Any],
+    served: frozenset[str],
+    ignorable: frozenset[str],
+    refused: dict[str, Unsupported],
+) -> list[str]:
+    """The Responses and Messages APIs' rule, stricter than chat's: a field is served,
+    ignorable (documented, changes nothing in the answer: `metadata`, `user`, ...; returned,
+    for the header), or refused unless neutral; any other is a 400 naming it, as OpenAI's
+    and Anthropic's own servers answer an unknown field."""
+    ignored = []
+    for name, value in body.items():
+        if name in served:
+            continue
+        if name in ignorable:
+            ignored.append(name)
+            continue
+        entry = refused.get(name)
+        if entry is None:
+            raise APIError(f"unknown field {name!r}"[:200], param=name)
+        if not entry.is_neutral(value, body):
+            raise _refusal(name, entry)
     return ignored
 
 

@@ -196,6 +196,100 @@ BODIES: dict[str, dict[str, Any]] = {
         "properties": {"model": {"type": "string"}, "tokens": _TOKENS},
     },
 }
+_TEXT = {"type": "string", "minLength": 1}
+_NUMBERS = {
+    "temperature": {"type": "number", "minimum": 0},
+    "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+}
+_RESPONSES_TOOLS = {
+    "tools": {
+        "type": "array",
+        "items": {
+            "type": "object",
+            "required": ["type", "name"],
+            "properties": {
+                "type": {"const": "function"},
+                "name": _FUNCTION_NAME,
+                "parameters": _SCHEMA,
+            },
+        },
+    },
+    "tool_choice": {"enum": ["none", "auto", "required"]},
+    "parallel_tool_calls": {"type": "boolean"},
+}
+_ANTHROPIC_TOOLS = {
+    "tools": {
+        "type": "array",
+        "items": {
+            "type": "object",
+            "required": ["name", "input_schema"],
+            "properties": {"name": _FUNCTION_NAME, "input_schema": _SCHEMA},
+        },
+    },
+    "tool_choice": {
+        "type": "object",
+        "required": ["type"],
+        "properties": {"type": {"enum": ["auto", "any", "none"]}},
+    },
+}
+_TURN = {
+    "type": "object",
+    "required": ["role", "content"],
+    "properties": {"role": {"enum": ["user", "assistant"]}, "content": _TEXT},
+}
+_MESSAGES = {
+    "model": {"type": "string"},
+    "messages": {"type": "array", "items": _TURN, "minItems": 1},
+    "system": {"type": "string"},
+    **_ANTHROPIC_TOOLS,
+}
+BODIES["/v1/responses"] = {
+    "type": "object",
+    "required": ["input"],
+    "properties": {
+        "model": {"type": "string"},
+        "input": {"oneOf": [_TEXT, {"type": "array", "items": _MESSAGE, "minItems": 1}]},
+        "instructions": {"type": "string"},
+        "max_output_tokens": {"type": "integer", "minimum": 1},
+        **_NUMBERS,
+        **_RESPONSES_TOOLS,
+        "text": {
+            "type": "object",
+            "properties": {
+                "format": {
+                    "type": "object",
+                    "required": ["type"],
+                    "properties": {"type": {"enum": ["text", "json_object"]}},
+                }
+            },
+            "additionalProperties": False,
+        },
+        "stream": {"type": "boolean"},
+        "store": {"type": "boolean"},
+        "metadata": {"type": "object"},
+    },
+    "additionalProperties": False,
+}
+BODIES["/v1/messages"] = {
+    "type": "object",
+    "required": ["max_tokens", "messages"],
+    "properties": {
+        **_MESSAGES,
+        "max_tokens": {"type": "integer", "minimum": 1},
+        "stop_sequences": {"type": "array", "items": _TEXT},
+        **_NUMBERS,
+        "top_k": {"type": "integer", "minimum": -1},
+        "stream": {"type": "boolean"},
+    },
+    "additionalProperties": False,
+}
+BODIES["/v1/messages/count_tokens"] = {
+    "type": "object",
+    "required": ["messages"],
+    "properties": _MESSAGES,
+    "additionalProperties": False,
+}
+"""The Responses and Messages APIs (their errors on /v1/messages are Anthropic's body)."""
 GETS = ("/health", "/metrics", "/version", "/v1/models", "/kv-metadata")
 _ERROR = {
     "description": "OpenAI's error body",

@@ -60,6 +60,19 @@ CHAT_FIELDS = frozenset(
     | {"chat_template_kwargs", "reasoning_effort"}
     | {"tools", "tool_choice", "parallel_tool_calls"}
 )
+TOKENIZE_FIELDS = frozenset(
+    {
+        "model",
+        "prompt",
+        "messages",
+        "add_special_tokens",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+    }
+)
+DETOKENIZE_FIELDS = frozenset({"model", "tokens"})
+"""/tokenize and /detokenize: any other field is a 400 naming it."""
 DEFAULT_MAX_TOKENS = 16
 """Completions without max_tokens (OpenAI's default there). Chat without it: the rest of
 the context (max_model_len minus the prompt), as vLLM and OpenAI answer."""
@@ -179,7 +192,7 @@ def template_kwargs(body: dict[str, Any]) -> dict[str, Any]:
 
 def response_options(body: dict[str, Any], chat: bool = False) -> ResponseOptions:
     """Streaming, usage and echo flags; usage in a last chunk only when the client asks."""
-    stream = _flag(body, "stream")
+    stream = flag(body, "stream")
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise APIError("stream_options must be an object", param="stream_options")
@@ -195,7 +208,7 @@ def response_options(body: dict[str, Any], chat: bool = False) -> ResponseOption
         stream=stream,
         include_usage=include,
         continuous_usage=include and continuous,
-        echo=_flag(body, "echo"),
+        echo=flag(body, "echo"),
         logprobs=_logprobs(body, chat),
     )
 
@@ -208,7 +221,7 @@ def _logprobs(body: dict[str, Any], chat: bool) -> int | None:
             raise APIError("logprobs must be an integer", param="logprobs")
         return value
     top = body.get("top_logprobs")
-    if not _flag(body, "logprobs"):
+    if not flag(body, "logprobs"):
         if top is not None:
             raise APIError("top_logprobs needs logprobs: true", param="top_logprobs")
         return None
@@ -227,11 +240,11 @@ def cache_salt(body: dict[str, Any]) -> str | None:
     return salt
 
 
-def _flag(body: dict[str, Any], name: str) -> bool:
-    """A JSON boolean (null: false); "", 0 or "yes" are refused, not read as one."""
+def flag(body: dict[str, Any], name: str, default: bool = False) -> bool:
+    """A JSON boolean (null: `default`); "", 0 or "yes" are refused, not read as one."""
     value = body.get(name)
     if value is None:
-        return False
+        return default
     if not isinstance(value, bool):
         raise APIError(f"{name} must be true or false", param=name)
     return value

@@ -9,7 +9,6 @@ chunks and the usage block, so completions.py only moves outputs around.
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +31,8 @@ class ChatChoice:
     finish_reason: str | None
     """"tool_calls" when the model called and then stopped."""
     logprobs: dict[str, Any] | None = None
+    stop_reason: int | str | None = None
+    """The stop string or token id that ended it (vLLM's `stop_reason`)."""
 
     def as_openai(self) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": self.content}
@@ -40,6 +41,7 @@ class ChatChoice:
         return {
             "index": self.index,
             "finish_reason": self.finish_reason,
+            "stop_reason": self.stop_reason,
             "logprobs": self.logprobs,
             "message": message,
         }
@@ -55,6 +57,8 @@ class Part:
     finished: bool = False
     texts: dict[int, str] = field(default_factory=dict)
     finish: dict[int, str | None] = field(default_factory=dict)
+    stop_reasons: dict[int, int | str | None] = field(default_factory=dict)
+    """The stop string or token id that ended each completion (vLLM's `stop_reason`)."""
     started: set[int] = field(default_factory=set)
     """Completions whose first chunk went out (a stream sends the echo with it)."""
     prompt_tokens: int = 0
@@ -97,6 +101,8 @@ class Job:
             part.generated += len(c.token_ids)
             part.texts[c.index] = part.texts.get(c.index, "") + c.text
             part.finish[c.index] = c.finish_reason or part.finish.get(c.index)
+            if c.finish_reason is not None:
+                part.stop_reasons[c.index] = c.stop_reason
             if c.logprobs is not None:
                 part.token_ids.setdefault(c.index, []).extend(c.token_ids)
                 part.steps.setdefault(c.index, []).extend(c.logprobs)
@@ -148,8 +154,9 @@ class Job:
                 steps = part.steps.get(j, [])
                 logprobs = self._logprobs(part, j, part.token_ids.get(j, []), steps)
                 index = part.index * self.n + j
+                stop = part.stop_reasons.get(j)
                 choices.append(
-                    ChatChoice(index, parsed.content, parsed.tool_calls, finish, logprobs)
+                    ChatChoice(index, parsed.content, parsed.tool_calls, finish, logprobs, stop)
                 )
         return choices
 
@@ -161,6 +168,7 @@ class Job:
                 {
                     "index": part.index * self.n + j,
                     "finish_reason": part.finish.get(j),
+                    "stop_reason": part.stop_reasons.get(j),
                     "logprobs": self._logprobs(
                         part, j, part.token_ids.get(j, []), part.steps.get(j, [])
                     ),
@@ -180,7 +188,9 @@ class Job:
 
     # -- the answer, streamed -------------------------------------------------------
 
-    def chunk(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> str:
+    def chunk(
+        self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         body: dict[str, Any] = {
             "id": self.request_id,
             "object": "chat.completion.chunk" if self.chat else "text_completion",
@@ -192,9 +202,9 @@ class Job:
             body["usage"] = usage or self.usage()  # vLLM's continuous_usage_stats: every chunk
         elif self.options.include_usage:
             body["usage"] = usage  # null on every chunk but the last, as OpenAI sends it
-        return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+        return body
 
-    def first_chunk(self) -> str | None:
+    def first_chunk(self) -> dict[str, Any] | None:
         """Chat streams open with the assistant's role, one choice each."""
         if not self.chat:
             return None
@@ -210,7 +220,7 @@ class Job:
         ]
         return self.chunk(choices)
 
-    def delta_chunk(self, output: RequestOutput) -> str | None:
+    def delta_chunk(self, output: RequestOutput) -> dict[str, Any] | None:
         """The choices this output advanced; None when it carried nothing to send."""
         part = self.parts[output.request_id]
         choices = []
@@ -231,6 +241,8 @@ class Job:
             else:
                 choice["text"] = text
             choice["finish_reason"] = finish
+            if finish is not None:
+                choice["stop_reason"] = c.stop_reason
             choices.append(choice)
         return self.chunk(choices) if choices else None
 
@@ -252,7 +264,7 @@ class Job:
         finish = c.finish_reason
         return delta, "tool_calls" if finish == "stop" and stream.called else finish
 
-    def abort_chunk(self) -> str:
+    def abort_chunk(self) -> dict[str, Any]:
         """The server stopped: every unfinished choice ends with finish_reason "abort"."""
         choices = []
         for part in self.parts.values():

@@ -14,6 +14,7 @@ from kvserve.serve.errors import APIError
 from kvserve.serve.fields import IgnoredLog
 from kvserve.serve.limits import ServeLimits
 from kvserve.serve.metrics import ServerMetrics
+from kvserve.serve.responses_api.store import RESPONSES_STORE_SIZE, ResponseStore
 from kvserve.serve.tokenizer_worker import TokenizerWorker
 from kvserve.tool_calls.parser import ToolParser
 from kvserve.tool_calls.registry import parser_for
@@ -47,6 +48,8 @@ class ServerState:
     ignored_log: IgnoredLog = field(default_factory=IgnoredLog)
     """The ignored request fields already warned about (each name once)."""
     limits: ServeLimits = field(default_factory=ServeLimits)
+    responses: ResponseStore = field(default_factory=lambda: ResponseStore(RESPONSES_STORE_SIZE))
+    """/v1/responses kept for GET, DELETE and previous_response_id (event-loop owned)."""
     tokenizer: TokenizerWorker | None = None
     tool_call_parser: str | None = None
     """`--tool-call-parser` (None: the chat template's family, else hermes)."""

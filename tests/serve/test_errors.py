@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import time
 
+import anthropic
 import httpx
 import openai
 import pytest
 
-from tests.serve.conftest import start_server, stop_server
+from tests.serve.conftest import ENGINE, start_command, start_server, stop_server
 
 
 def error_of(resp: httpx.Response, status: int) -> dict:
@@ -74,6 +75,16 @@ def test_a_client_that_leaves_aborts_its_request(demo):
             "POST", f"{srv.url}/v1/completions", json={**body, "stream": True}, timeout=60
         ) as resp:
             next(resp.iter_lines())  # one chunk, then hang up
+        # the Responses and Messages APIs' streams too (one path: the same abort)
+        messages = [{"role": "user", "content": "go on"}]
+        for path, other in (
+            ("/v1/responses", {"input": "go on", "max_output_tokens": 2000}),
+            ("/v1/messages", {"messages": messages, "max_tokens": 2000}),
+        ):
+            with httpx.stream(
+                "POST", f"{srv.url}{path}", json={**other, "stream": True}, timeout=60
+            ) as resp:
+                next(resp.iter_lines())
         t0 = time.monotonic()
         with pytest.raises(httpx.ReadTimeout):  # a plain request whose client gives up
             httpx.post(f"{srv.url}/v1/completions", json=body, timeout=0.3)
@@ -82,7 +93,7 @@ def test_a_client_that_leaves_aborts_its_request(demo):
         print("plain request abandoned after", time.monotonic() - t0)
     finally:
         log = stop_server(srv)
-    assert log.count("aborted (client disconnected)") == 2, log[-2000:]
+    assert log.count("aborted (client disconnected)") == 4, log[-2000:]
 
 
 def test_no_chat_template_is_a_400_that_says_so(checkpoints):
@@ -96,7 +107,9 @@ def test_no_chat_template_is_a_400_that_says_so(checkpoints):
 
 
 def test_api_key(demo):
-    srv = start_server(demo, env={"KVSERVE_API_KEY": "s3cret"})
+    engine = [f"--{k.replace('_', '-')}={v}" for k, v in ENGINE.items()]
+    # the model positionally, as `vllm serve MODEL` takes it
+    srv = start_command(["serve", demo, *engine], demo, env={"KVSERVE_API_KEY": "s3cret"})
     try:
         url = f"{srv.url}/v1/models"
         error_of(httpx.get(url), 401)
@@ -110,6 +123,16 @@ def test_api_key(demo):
         wrong = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="nope", max_retries=0)
         with wrong, pytest.raises(openai.AuthenticationError):
             wrong.models.list()
+        messages = [{"role": "user", "content": "hi"}]
+        with anthropic.Anthropic(base_url=srv.url, api_key="s3cret") as claude:  # x-api-key
+            got = claude.messages.create(model=srv.model, max_tokens=2, messages=messages)
+            assert got.usage.output_tokens == 2
+        wrong_claude = anthropic.Anthropic(base_url=srv.url, api_key="nope", max_retries=0)
+        with wrong_claude, pytest.raises(anthropic.AuthenticationError):
+            wrong_claude.messages.create(model=srv.model, max_tokens=2, messages=messages)
+        refused = httpx.post(f"{srv.url}/v1/messages", json={"messages": messages})
+        assert refused.status_code == 401  # in Anthropic's shape on its endpoint
+        assert refused.json()["error"]["type"] == "authentication_error"
     finally:
         log = stop_server(srv)
     assert "s3cret" not in log

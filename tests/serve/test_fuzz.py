@@ -16,7 +16,13 @@ from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
 from schemathesis import GenerationMode  # noqa: E402
 
 EXAMPLES = {GenerationMode.POSITIVE: 60, GenerationMode.NEGATIVE: 60}
-FAST = {"max_tokens": 3, "max_completion_tokens": 3, "n": 2, "min_tokens": 3}
+FAST = {
+    "max_tokens": 3,
+    "max_completion_tokens": 3,
+    "max_output_tokens": 3,
+    "n": 2,
+    "min_tokens": 3,
+}
 
 
 def narrowed(doc: dict) -> dict:
@@ -35,7 +41,11 @@ def narrowed(doc: dict) -> dict:
 def check(response, case) -> None:
     where = f"{case.method} {case.path} {case.body!r}"[:500]
     assert response.status_code < 500, f"{where} -> {response.status_code} {response.text[:300]}"
-    if response.status_code >= 400 and case.path != "/metrics":
+    if response.status_code >= 400 and case.path.startswith("/v1/messages"):
+        body = response.json()  # Anthropic's error body
+        assert body["type"] == "error" and set(body["error"]) == {"type", "message"}, where
+        assert isinstance(body["error"]["message"], str) and body["error"]["message"], where
+    elif response.status_code >= 400 and case.path != "/metrics":
         error = response.json()["error"]
         assert set(error) == {"message", "type", "param", "code"}, where
         assert isinstance(error["message"], str) and error["message"], where
