@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from kvserve.kvcache.plan import StepPlan
 from kvserve.kvcache.specs import KVCacheSpec
+from kvserve.pooling_params import PoolingParams
 from kvserve.sampling_params import SamplingParams
 
 
@@ -50,6 +51,9 @@ class SeqChunk:
     grammar: GrammarRow | None = None
     """The sequence's grammar state (kvserve.structured.state) when its output is
     constrained: the runner reads it to mask the row's logits, never advances it."""
+    pooling: PoolingParams | None = None
+    """A pooling request's rule (its chunks never sample): the runner pools the final
+    hidden states of its prompt instead (kvserve.model.pooling)."""
 
     @property
     def new_token_ids(self) -> Sequence[int]:
@@ -87,6 +91,9 @@ class StepOutput:
     errors: dict[int, str] | None = None
     """Chunk index -> why its row failed (its token is None): the engine fails that
     request alone and the step's other tokens stand. None when every row sampled."""
+    embeddings: dict[int, list[float]] | None = None
+    """Chunk index -> the pooled embedding of a pooling chunk that ended its prompt;
+    None when no chunk of the step pooled (a runner without a model never pools)."""
 
 
 class Runner(Protocol):

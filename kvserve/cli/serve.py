@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 
 from kvserve.cli.common import HelpFormatter, add_model_option, loopback_events, positive
 from kvserve.cli.engine_options import add_engine_options, engine_args_from
+from kvserve.pooling_params import POOLING_RULES
+from kvserve.reasoning.registry import REASONING_PARSERS
 from kvserve.serve.metrics import PREFIXES
 
 if TYPE_CHECKING:
@@ -79,6 +81,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=1,
         help="engines on this host, each its own `kvserve serve` on a loopback port with KV "
         "events on (ports offset by rank), behind a cache-aware router on --port",
+    )
+    s.add_argument(
+        "--pooling",
+        choices=POOLING_RULES,
+        default="last",
+        help="how /v1/embeddings pools a prompt's final hidden states (L2-normalized): the "
+        "last token's (vLLM's default for decoder models) or the mean of all",
+    )
+    s.add_argument(
+        "--reasoning-parser",
+        choices=sorted(REASONING_PARSERS),
+        help="split chat answers into message.reasoning_content and content at the model's "
+        "<think>...</think> (vLLM's names); structured outputs start after the reasoning",
     )
     add_limit_options(p.add_argument_group("limits (each client's; README: Serving, Limits)"))
     add_engine_options(p.add_argument_group("engine (kvserve.engine.engine_args.EngineArgs)"))
@@ -170,6 +185,8 @@ def run(args: argparse.Namespace) -> int:
         log_requests=args.log_requests,
         kv_metadata=kv_metadata_body(llm.engine, llm.model.path, name),
         limits=limits,
+        pooling=args.pooling,
+        reasoning_parser=args.reasoning_parser,
     )
     print(f"Serving {llm.model.description} as {name!r}", file=sys.stderr, flush=True)
     if llm.model.random_weights:

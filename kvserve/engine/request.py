@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from kvserve.engine.detokenizer import OutputText
 from kvserve.outputs import Logprob
+from kvserve.pooling_params import PoolingParams
 from kvserve.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -66,6 +67,10 @@ class Request:
     grammar: GrammarState | None = None
     """Its own matcher when `params.structured_outputs` is set (kvserve.structured.state):
     the stop checker advances it, the runner reads it."""
+    pooling: PoolingParams | None = None
+    """Set on a pooling request: it prefills its prompt, samples nothing and finishes
+    with its `embedding` (the runner pools the final hidden states)."""
+    embedding: list[float] | None = None
 
     def __post_init__(self) -> None:
         if not self.num_prompt_tokens:

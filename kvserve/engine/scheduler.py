@@ -72,10 +72,11 @@ class SchedulerOutput:
                 request_id=c.request.request_id,
                 token_ids=c.request.token_ids,
                 plan=step_plan(c.request.request_id),
-                sample=c.samples,
+                sample=c.samples and c.request.pooling is None,
                 params=c.request.params,
                 num_generated=c.request.num_output_tokens,
                 grammar=c.request.grammar,
+                pooling=c.request.pooling,
             )
             for c in self.chunks
         ]
@@ -352,7 +353,14 @@ class Scheduler:
             if not chunk.samples:
                 continue
             token = sampled.get(req.request_id)
-            if token is None:
+            if req.pooling is not None:  # prefill only: its embedding is its output
+                why = (failed or {}).get(req.request_id, "the runner pooled no embedding")
+                status, reason = (
+                    (RequestStatus.FINISHED_STOPPED, None)
+                    if req.embedding is not None
+                    else fail(req, why)
+                )
+            elif token is None:
                 why = (failed or {}).get(req.request_id, "the runner sampled no token")
                 status, reason = fail(req, why)
             else:

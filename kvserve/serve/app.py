@@ -18,7 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from kvserve.serve import completions, protocol
+from kvserve.serve import completions, embeddings, protocol
 from kvserve.serve.errors import APIError, error_response, install_error_handlers
 from kvserve.serve.limits import BodyLimits
 from kvserve.serve.openapi import openapi_document
@@ -82,6 +82,10 @@ def create_app(state: ServerState) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def create_chat_completion(request: Request) -> Any:
         return await completions.chat_completions(request, state)
+
+    @app.post("/v1/embeddings")
+    async def create_embeddings(request: Request) -> Any:
+        return await embeddings.embeddings(request, state)
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from kvserve.sampling_params import SamplingParams
 from kvserve.serve import fields, protocol, structured
 from kvserve.serve.engine_thread import RequestRefused, ServerStopping, Submission
 from kvserve.serve.errors import APIError, error_body
+from kvserve.serve.reasoning import ChatReasoning, chat_reasoning
 from kvserve.serve.responses import Job, Part
 from kvserve.serve.state import ServerState
 
@@ -67,6 +68,9 @@ async def chat_completions(request: Request, state: ServerState) -> Any:
     if "reasoning_effort" in kwargs and not state.tokens.template_reads("reasoning_effort"):
         ignored = [*ignored, "reasoning_effort"]  # passed on; this template has no use for it
         state.ignored_log.note(["reasoning_effort"])
+    constraint = structured.structured_outputs(body)
+    field_name = "response_format" if constraint is None else constraint[1]
+    reasoning, params = chat_reasoning(state.reasoning_parser, kwargs, params, field_name)
     state.check_admission()
     ids = await state.tokens.render(messages, kwargs)
     if context is not None and not protocol.sets_max_tokens(body):
@@ -78,9 +82,7 @@ async def chat_completions(request: Request, state: ServerState) -> Any:
             )
         params = protocol.with_max_tokens(params, context - len(ids))
     echo = messages[-1]["content"] if messages[-1]["role"] == "assistant" else ""
-    return await _run(
-        request, state, body, params, [ids], [ids], chat=True, ignored=ignored, chat_echo=echo
-    )
+    return await _run(request, state, body, params, [ids], [ids], True, ignored, echo, reasoning)
 
 
 def _check_ids(state: ServerState, ids: list[int]) -> None:
@@ -109,6 +111,7 @@ async def _run(
     chat: bool,
     ignored: list[str],
     chat_echo: str = "",
+    reasoning: ChatReasoning | None = None,
 ) -> Any:
     """`prompts` as given (echo shows them), `prompt_ids` what the engine runs; `chat_echo`:
     what chat's echo puts first (the last message's content when it is the assistant's)."""
@@ -123,6 +126,7 @@ async def _run(
         n=params.n,
         options=options,
         outputs=asyncio.Queue(),
+        reasoning=reasoning,
     )
     if state.log_requests:
         log.info("request %s: prompts=%r params=%r", job.request_id, prompts, params)

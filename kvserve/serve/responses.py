@@ -16,6 +16,7 @@ from typing import Any
 from kvserve.outputs import CompletionOutput, RequestOutput
 from kvserve.serve.logprobs import Step, chat_logprobs, completion_logprobs
 from kvserve.serve.protocol import ResponseOptions
+from kvserve.serve.reasoning import ChatReasoning
 
 
 @dataclass(slots=True)
@@ -53,6 +54,8 @@ class Job:
     """Engine request id -> its prompt's part, in prompt order."""
     early: list[RequestOutput] = field(default_factory=list)
     """Outputs read while waiting for every prompt's first step; handed out first."""
+    reasoning: ChatReasoning | None = None
+    """Chat with `--reasoning-parser`: the answer split into reasoning and content."""
 
     # -- accumulating -------------------------------------------------------------
 
@@ -112,7 +115,9 @@ class Job:
                     ),
                 }
                 text = part.echo + part.texts.get(j, "")
-                if self.chat:
+                if self.chat and self.reasoning is not None:
+                    choice["message"] = self.reasoning.message(text)
+                elif self.chat:
                     choice["message"] = {"role": "assistant", "content": text}
                 else:
                     choice["text"] = text
@@ -171,7 +176,9 @@ class Job:
                 continue
             logprobs = self._logprobs(part, c.index, c.token_ids, c.logprobs)
             choice: dict[str, Any] = {"index": index, "logprobs": logprobs}
-            if self.chat:
+            if self.chat and self.reasoning is not None:
+                choice["delta"] = self.reasoning.delta(index, text, c.finish_reason is not None)
+            elif self.chat:
                 choice["delta"] = {"content": text} if text else {}
             else:
                 choice["text"] = text

@@ -45,6 +45,11 @@ class ServerState:
     ignored_log: IgnoredLog = field(default_factory=IgnoredLog)
     """The ignored request fields already warned about (each name once)."""
     limits: ServeLimits = field(default_factory=ServeLimits)
+    pooling: str = "last"
+    """How /v1/embeddings pools the final hidden states (`--pooling`: last or mean)."""
+    reasoning_parser: str | None = None
+    """`--reasoning-parser` (kvserve.reasoning): chat answers split into reasoning and
+    content; None: the whole answer is content."""
     tokenizer: TokenizerWorker | None = None
     """The tokenizer's worker thread (built from the engine's tokenizer when None)."""
 
