@@ -81,6 +81,9 @@ def child_argv(
     argv += ["--metrics-prefix", args.metrics_prefix]
     if args.log_requests:
         argv.append("--log-requests")
+    argv += ["--pooling", args.pooling]
+    if args.reasoning_parser is not None:
+        argv += ["--reasoning-parser", args.reasoning_parser]
     return argv + engine_argv(dataclasses.replace(engine_args, kv_events_config=events))
 
 
