@@ -29,7 +29,9 @@ from kvserve.serve.engine_thread import RequestRefused, ServerStopping, Submissi
 from kvserve.serve.errors import APIError
 from kvserve.serve.state import ServerState
 
-SERVED = frozenset({"model", "input", "encoding_format", "dimensions", "add_special_tokens"})
+SERVED = frozenset(
+    {"model", "input", "encoding_format", "dimensions", "add_special_tokens", "user"}
+)
 REFUSED = {
     "truncate_prompt_tokens": "prompt truncation",
     "normalize": "a per-request normalization (embeddings are always L2-normalized)",
