@@ -246,14 +246,11 @@ class ModelRunner:
         device = self.device
         rows, sampled = [], []
         last = -1
-        pools = False
         for chunk in chunks:
             last += chunk.plan.num_tokens
             if chunk.sample:
                 rows.append(last)
                 sampled.append(chunk)
-            elif chunk.pooling is not None:
-                pools = True
         with torch.inference_mode():
             graphs = self.decode_graphs
             hidden = None if graphs is None else graphs.forward(chunks)
@@ -267,7 +264,7 @@ class ModelRunner:
                     self.kv_caches,
                     [group_metas[g] for g in self.layer_groups.layer_group],
                 )
-            pooled = self.pooler.pool(hidden, chunks) if pools else None
+            pooled = self.pooler.pool(hidden, chunks)  # None unless a chunk pools
             if not rows:
                 return attach_pooled(StepOutput([None] * len(chunks)), pooled)
             last_hidden, logits_of = hidden[rows], self.model.compute_logits

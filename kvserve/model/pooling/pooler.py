@@ -26,10 +26,12 @@ class Pooler:
 
     def pool(
         self, hidden: torch.Tensor, chunks: Sequence[SeqChunk]
-    ) -> tuple[dict[int, list[float]], dict[int, str]]:
+    ) -> tuple[dict[int, list[float]], dict[int, str]] | None:
         """Chunk index -> its embedding, for the pooling chunks that end their prompt, and
-        chunk index -> why, for those that failed (each fails its request alone).
-        `hidden`: the step's flattened rows."""
+        chunk index -> why, for those that failed (each fails its request alone); None
+        when no chunk pools (a generation step). `hidden`: the step's flattened rows."""
+        if all(chunk.pooling is None for chunk in chunks):
+            return None
         found: dict[int, list[float]] = {}
         failed: dict[int, str] = {}
         offset = 0
