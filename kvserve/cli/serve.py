@@ -34,7 +34,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions)",
         description=(
             "Serve one model over OpenAI's API: /v1/models, /v1/completions, "
-            "/v1/chat/completions (streaming with Server-Sent Events), /tokenize, "
+            "/v1/chat/completions (streaming with Server-Sent Events), /v1/embeddings, /tokenize, "
             "/detokenize, /health, /version."
         ),
         formatter_class=HelpFormatter,
