@@ -27,17 +27,19 @@ class ChatReasoning:
     parser: ThinkParser
     streams: dict[int, ReasoningStream] = field(default_factory=dict)
 
-    def message(self, text: str) -> dict[str, Any]:
-        """The whole answer as an assistant message."""
+    def message(self, text: str, echo: str = "") -> dict[str, Any]:
+        """The whole answer as an assistant message; `echo` (the prompt's text, not the
+        model's) is content as it is, before the generated text's content."""
         split = self.parser.split(text)
         return {
             "role": "assistant",
-            "content": split.content or None,
+            "content": echo + split.content or None,
             "reasoning_content": split.reasoning or None,
         }
 
-    def delta(self, choice: int, text: str, final: bool) -> dict[str, str]:
-        """A streamed choice's next text as a delta (what is held back is not in it)."""
+    def delta(self, choice: int, text: str, final: bool, echo: str = "") -> dict[str, str]:
+        """A streamed choice's next text as a delta (what is held back is not in it);
+        `echo` goes first as content, unparsed."""
         stream = self.streams.get(choice)
         if stream is None:
             stream = self.streams[choice] = self.parser.stream()
@@ -48,8 +50,8 @@ class ChatReasoning:
         delta = {}
         if out.reasoning:
             delta["reasoning_content"] = out.reasoning
-        if out.content:
-            delta["content"] = out.content
+        if echo or out.content:
+            delta["content"] = echo + out.content
         return delta
 
 

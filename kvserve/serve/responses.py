@@ -114,9 +114,10 @@ class Job:
                         part, j, part.token_ids.get(j, []), part.steps.get(j, [])
                     ),
                 }
-                text = part.echo + part.texts.get(j, "")
+                generated = part.texts.get(j, "")
+                text = part.echo + generated
                 if self.chat and self.reasoning is not None:
-                    choice["message"] = self.reasoning.message(text)
+                    choice["message"] = self.reasoning.message(generated, part.echo)
                 elif self.chat:
                     choice["message"] = {"role": "assistant", "content": text}
                 else:
@@ -168,16 +169,18 @@ class Job:
         part = self.parts[output.request_id]
         choices = []
         for index, c in self.add(output):
-            text = c.text
-            if c.index not in part.started and (text or c.finish_reason):
+            echo = ""
+            if c.index not in part.started and (c.text or c.finish_reason):
                 part.started.add(c.index)
-                text = part.echo + text
+                echo = part.echo
+            text = echo + c.text
             if not text and c.finish_reason is None and not c.token_ids:
                 continue
             logprobs = self._logprobs(part, c.index, c.token_ids, c.logprobs)
             choice: dict[str, Any] = {"index": index, "logprobs": logprobs}
             if self.chat and self.reasoning is not None:
-                choice["delta"] = self.reasoning.delta(index, text, c.finish_reason is not None)
+                final = c.finish_reason is not None
+                choice["delta"] = self.reasoning.delta(index, c.text, final, echo)
             elif self.chat:
                 choice["delta"] = {"content": text} if text else {}
             else:

@@ -90,3 +90,24 @@ def test_structured_outputs_start_after_the_reasoning(thinker, client):
     bad = {"messages": QUESTION, "structured_outputs": {"regex": "(unclosed"}}
     resp = httpx.post(f"{thinker[0].url}/v1/chat/completions", json=bad, timeout=60)
     assert resp.status_code == 400 and resp.json()["error"]["param"] == "structured_outputs"
+
+
+def test_an_echoed_prompt_is_content_as_it_is_and_only_the_answer_is_parsed(thinker, client):
+    _, reasoning, content = thinker
+    said = "Weighed it.</think> So:"  # the parser would split here, were it shown the echo
+    messages = [*QUESTION, {"role": "assistant", "content": said}]
+    got = client.chat.completions.create(
+        model=thinker[0].model, messages=messages, extra_body={"echo": True}
+    )
+    message = got.choices[0].message
+    assert message.content == said + content
+    assert message.model_extra["reasoning_content"] == reasoning
+    stream = client.chat.completions.create(
+        model=thinker[0].model, messages=messages, extra_body={"echo": True}, stream=True
+    )
+    texts = {"reasoning_content": "", "content": ""}
+    for chunk in stream:
+        delta = chunk.choices[0].delta
+        for kind in texts:
+            texts[kind] += getattr(delta, kind, None) or (delta.model_extra or {}).get(kind) or ""
+    assert texts == {"reasoning_content": reasoning, "content": said + content}
