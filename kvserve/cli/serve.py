@@ -183,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
         metrics=metrics,
         max_queued_requests=args.max_queued_requests,
         log_requests=args.log_requests,
-        kv_metadata=kv_metadata_body(llm.engine, llm.model.path, name),
+        kv_metadata=kv_metadata_body(llm.engine, llm.model.path, name, args.pooling),
         limits=limits,
         pooling=args.pooling,
         reasoning_parser=args.reasoning_parser,
