@@ -6,12 +6,20 @@ from typing import TYPE_CHECKING, Any
 
 from kvserve.version import __version__ as __version__
 
-__all__ = ["LLM", "CompletionOutput", "KVEventsConfig", "RequestOutput", "SamplingParams"]
+__all__ = [
+    "LLM",
+    "CompletionOutput",
+    "KVEventsConfig",
+    "PoolingParams",
+    "RequestOutput",
+    "SamplingParams",
+]
 
 if TYPE_CHECKING:
     from kvserve.events.config import KVEventsConfig
     from kvserve.llm import LLM
     from kvserve.outputs import CompletionOutput, RequestOutput
+    from kvserve.pooling_params import PoolingParams
     from kvserve.sampling_params import SamplingParams
 
 
@@ -25,6 +33,10 @@ def __getattr__(name: str) -> Any:
         from kvserve.sampling_params import SamplingParams
 
         return SamplingParams
+    if name == "PoolingParams":
+        from kvserve.pooling_params import PoolingParams
+
+        return PoolingParams
     if name == "KVEventsConfig":
         from kvserve.events.config import KVEventsConfig
 

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from kvserve.kvcache.plan import StepPlan
 from kvserve.kvcache.specs import KVCacheSpec
+from kvserve.pooling_params import PoolingParams
 from kvserve.sampling_params import SamplingParams
 
 
@@ -54,6 +55,9 @@ class SeqChunk:
     """Speculative decoding: draft tokens after the sequence's last token, computed at
     the plan's last `num_lookahead_tokens` positions. The runner verifies them: its
     token for the chunk follows the drafts it accepts (`StepOutput.num_accepted`)."""
+    pooling: PoolingParams | None = None
+    """A pooling request's rule (its chunks never sample): the runner pools the final
+    hidden states of its prompt instead (kvserve.model.pooling)."""
 
     @property
     def new_token_ids(self) -> Sequence[int]:
@@ -98,6 +102,9 @@ class StepOutput:
     errors: dict[int, str] | None = None
     """Chunk index -> why its row failed (its token is None): the engine fails that
     request alone and the step's other tokens stand. None when every row sampled."""
+    embeddings: dict[int, list[float]] | None = None
+    """Chunk index -> the pooled embedding of a pooling chunk that ended its prompt;
+    None when no chunk of the step pooled (a runner without a model never pools)."""
 
 
 class Runner(Protocol):

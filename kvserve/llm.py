@@ -15,7 +15,8 @@ from kvserve.chat_template import Conversation, as_conversations, render
 from kvserve.default_model import resolve_model
 from kvserve.engine.engine_args import EngineArgs
 from kvserve.engine.llm_engine import LLMEngine
-from kvserve.outputs import RequestOutput
+from kvserve.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
+from kvserve.pooling_params import PoolingParams
 from kvserve.sampling_params import RequestOutputKind, SamplingParams
 
 Prompt = str | list[int]
@@ -68,7 +69,7 @@ class LLM:
     def _run(
         self,
         batch: list[Prompt],
-        sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+        sampling_params: SamplingParams | Sequence[SamplingParams | PoolingParams] | None,
         use_tqdm: bool,
         on_finished: OnFinished | None,
         label: str = "prompt",
@@ -166,6 +167,29 @@ class LLM:
             output.prompt = text
         return outputs
 
+    def embed(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        pooling_params: PoolingParams | None = None,
+        use_tqdm: bool = True,
+    ) -> list[EmbeddingRequestOutput]:
+        """One embedding per prompt (strings or token ids), in input order: the prompt's
+        final hidden states pooled by `pooling_params` (default: the last token's,
+        L2-normalized, as vLLM pools decoder models). Generation and embeddings share
+        the engine and its prefix cache. Errors as in `generate`."""
+        batch = _as_prompt_list(prompts)
+        params = pooling_params or PoolingParams()
+        results = []
+        for i, out in enumerate(self._run(batch, [params] * len(batch), use_tqdm, None)):
+            if out.embedding is None:
+                raise RuntimeError(f"prompt {i}: the engine failed it: {out.error}")
+            embedding = EmbeddingOutput(out.embedding)
+            ids = out.prompt_token_ids
+            results.append(
+                EmbeddingRequestOutput(out.request_id, ids, embedding, out.num_cached_tokens)
+            )
+        return results
+
     def stats(self) -> dict[str, Any]:
         """Cache and scheduler counters, under the names `kvserve simulate` uses."""
         return self.engine.stats_dict()
@@ -181,8 +205,9 @@ class LLM:
 
 
 def _params_for(
-    batch: list[Prompt], sampling_params: SamplingParams | Sequence[SamplingParams] | None
-) -> list[SamplingParams]:
+    batch: list[Prompt],
+    sampling_params: SamplingParams | Sequence[SamplingParams | PoolingParams] | None,
+) -> list[SamplingParams | PoolingParams]:
     """One SamplingParams per prompt: the same for all, or one each."""
     if sampling_params is None:
         return [SamplingParams()] * len(batch)

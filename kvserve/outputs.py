@@ -60,3 +60,22 @@ class RequestOutput:
     error: str | None = None
     """Set when the engine failed this request alone (a fault in its own step work, such
     as its sampling): it is finished, its other completions aborted."""
+    embedding: list[float] | None = None
+    """A pooling request's embedding (kvserve.pooling_params; one empty completion)."""
+
+
+@dataclass(slots=True)
+class EmbeddingOutput:
+    embedding: list[float]
+    """The pooled final hidden states (L2-normalized unless the request said not to)."""
+
+
+@dataclass(slots=True)
+class EmbeddingRequestOutput:
+    """What `LLM.embed` returns per prompt (vLLM's names: `output.outputs.embedding`)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: EmbeddingOutput
+    num_cached_tokens: int = 0
+    """Prompt tokens read from the prefix cache instead of computed."""

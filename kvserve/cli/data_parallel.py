@@ -84,6 +84,9 @@ def child_argv(
         argv.append("--log-requests")
     if args.tool_call_parser:
         argv += ["--tool-call-parser", args.tool_call_parser]
+    argv += ["--pooling", args.pooling]
+    if args.reasoning_parser is not None:
+        argv += ["--reasoning-parser", args.reasoning_parser]
     return argv + engine_argv(dataclasses.replace(engine_args, kv_events_config=events))
 
 

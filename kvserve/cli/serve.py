@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 
 from kvserve.cli.common import HelpFormatter, add_model_option, loopback_events, positive
 from kvserve.cli.engine_options import add_engine_options, engine_args_from
+from kvserve.pooling_params import POOLING_RULES
+from kvserve.reasoning.registry import REASONING_PARSERS
 from kvserve.serve.metrics import PREFIXES
 from kvserve.serve.responses_api.store import RESPONSES_STORE_SIZE
 from kvserve.tool_calls.registry import PARSERS
@@ -34,8 +36,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description=(
             "Serve one model over OpenAI's API: /v1/models, /v1/completions, "
             "/v1/chat/completions (streaming with Server-Sent Events), /v1/responses, "
-            "Anthropic's /v1/messages, /tokenize, /detokenize, /health, /version. "
-            "The model is MODEL or --model."
+            "Anthropic's /v1/messages, /v1/embeddings, /tokenize, /detokenize, /health, "
+            "/version. The model is MODEL or --model."
         ),
         formatter_class=HelpFormatter,
     )
@@ -100,6 +102,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=1,
         help="engines on this host, each its own `kvserve serve` on a loopback port with KV "
         "events on (ports offset by rank), behind a cache-aware router on --port",
+    )
+    s.add_argument(
+        "--pooling",
+        choices=POOLING_RULES,
+        default="last",
+        help="how /v1/embeddings pools a prompt's final hidden states (L2-normalized): the "
+        "last token's (vLLM's default for decoder models) or the mean of all",
+    )
+    s.add_argument(
+        "--reasoning-parser",
+        choices=sorted(REASONING_PARSERS),
+        help="split chat answers into message.reasoning_content and content at the model's "
+        "<think>...</think> (vLLM's names); structured outputs start after the reasoning",
     )
     add_limit_options(p.add_argument_group("limits (each client's; README: Serving, Limits)"))
     add_engine_options(p.add_argument_group("engine (kvserve.engine.engine_args.EngineArgs)"))

@@ -28,6 +28,7 @@ from kvserve.engine.user_request import UserRequest
 from kvserve.kvcache.config import KVCacheConfig
 from kvserve.kvcache.manager import KVCacheManager
 from kvserve.outputs import RequestOutput
+from kvserve.pooling_params import PoolingParams
 from kvserve.sampling_params import RequestOutputKind, SamplingParams
 
 FINAL_ONLY = RequestOutputKind.FINAL_ONLY
@@ -136,13 +137,21 @@ class LLMEngine:
         self,
         request_id: str,
         prompt: str | list[int],
-        params: SamplingParams | None = None,
+        params: SamplingParams | PoolingParams | None = None,
         *,
         lora_name: str | None = None,
         cache_salt: str | None = None,
     ) -> None:
-        """Queue a request; a bad one raises ValueError and leaves the engine as it was."""
+        """Queue a request; a bad one raises ValueError and leaves the engine as it was.
+
+        With PoolingParams it is a pooling request: its prompt is prefilled, nothing is
+        sampled, and its output carries the embedding (kvserve.pooling_params)."""
         self._check_open()
+        pooling = None
+        if isinstance(params, PoolingParams):
+            pooling, params = params, SamplingParams(max_tokens=1, output_kind=FINAL_ONLY)
+            if pooling.pooling == "mean":  # every token recomputed: no hit read, none shared
+                cache_salt = f"{cache_salt or ''}\0mean pooling {request_id}"
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
@@ -179,7 +188,11 @@ class LLMEngine:
                     parent_id=request_id,
                     index=index,
                     grammar=None if grammar is None else grammar(),
-                    spec=None if self.drafter is None else self.drafter.state_for(child),
+                    spec=None
+                    if self.drafter is None
+                    or pooling is not None  # a pooling request never decodes
+                    else self.drafter.state_for(child),
+                    pooling=pooling,
                 )
             )
         added: list[Request] = []
@@ -360,6 +373,8 @@ class LLMEngine:
             tiers.save(out, self.manager)
         if step.logprobs is not None:
             self.logprobs.record([c.request for c in out.chunks], step)
+        for i, embedding in (step.embeddings or {}).items():
+            out.chunks[i].request.embedding = embedding
         failed = {chunks[i].request_id: why for i, why in (step.errors or {}).items()}
         return sampled_tokens(chunks, step), failed, accepted_drafts(chunks, step)
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from kvserve.engine.detokenizer import OutputText
 from kvserve.engine.speculative import SpecState
 from kvserve.outputs import Logprob
+from kvserve.pooling_params import PoolingParams
 from kvserve.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -70,6 +71,10 @@ class Request:
     spec: SpecState | None = None
     """Its speculative decoding (acceptance, back-off) when the engine speculates and its
     sampling can be verified (kvserve.engine.drafter); None: it never drafts."""
+    pooling: PoolingParams | None = None
+    """Set on a pooling request: it prefills its prompt, samples nothing and finishes
+    with its `embedding` (the runner pools the final hidden states)."""
+    embedding: list[float] | None = None
 
     def __post_init__(self) -> None:
         if not self.num_prompt_tokens:

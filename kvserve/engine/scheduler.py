@@ -320,7 +320,14 @@ class Scheduler:
             if not chunk.samples:
                 continue
             token = sampled.get(req.request_id)
-            if token is None:
+            if req.pooling is not None:  # prefill only: its embedding is its output
+                why = (failed or {}).get(req.request_id, "the runner pooled no embedding")
+                status, reason = (
+                    (RequestStatus.FINISHED_STOPPED, None)
+                    if req.embedding is not None
+                    else _fail(req, why)
+                )
+            elif token is None:
                 why = (failed or {}).get(req.request_id, "the runner sampled no token")
                 status, reason = _fail(req, why)
             else:

@@ -48,11 +48,12 @@ class SchedulerOutput:
                 request_id=c.request.request_id,
                 token_ids=c.request.token_ids,
                 plan=step_plan(c.request.request_id),
-                sample=c.samples,
+                sample=c.samples and c.request.pooling is None,
                 params=c.request.params,
                 num_generated=c.request.num_output_tokens,
                 grammar=c.request.grammar,
                 draft_token_ids=c.draft_token_ids,
+                pooling=c.request.pooling,
             )
             for c in self.chunks
         ]

@@ -83,4 +83,5 @@ class UserRequest:
             finished=all(c.finish_reason is not None for c in completions),
             num_cached_tokens=max(0, first.num_cached_tokens),
             error=self.error,
+            embedding=first.embedding,
         )

@@ -34,6 +34,7 @@ from kvserve.model.memory.kv_layout import layer_caches, layer_kv_specs
 from kvserve.model.memory.kv_memory import allocate_kv_caches, cpu_kv_cache_memory, num_blocks_for
 from kvserve.model.memory.layer_groups import GroupLayout, group_layers
 from kvserve.model.models import DecoderForCausalLM
+from kvserve.model.pooling.pooler import Pooler, attach_pooled
 from kvserve.model.sampling.grammar_mask import apply_grammar
 from kvserve.model.sampling.logprobs import token_logprobs
 from kvserve.model.sampling.penalties import apply_penalties
@@ -113,6 +114,7 @@ class ModelRunner:
         self._generators: dict[str, torch.Generator] = {}
         self._default_generator = torch.Generator(device=self.device)
         self._default_generator.manual_seed(seed)
+        self.pooler = Pooler()  # pooling requests' embeddings (kvserve.model.pooling)
         self.decode_graphs: Any | None = None
         """kvserve.model.attention.decode_graphs.DecodeGraphs where decode steps replay CUDA graphs
         (set once the pool is there; the memory profile and the warm-up run eagerly)."""
@@ -244,6 +246,7 @@ class ModelRunner:
                     self.kv_caches,
                     [group_metas[g] for g in self.layer_groups.layer_group],
                 )
+            pooled = self.pooler.pool(hidden, chunks)  # None unless a chunk pools
             logits_of = self.model.compute_logits
             tokens, logprobs, failed = self._sample_rows(hidden[rows], sampled, logits_of)
             verified = [self._verify(logits_of(hidden[a:b]), chunks[i]) for i, a, b in drafted]
@@ -262,7 +265,7 @@ class ModelRunner:
         if logprobs is not None:
             found = dict(zip(plain, logprobs, strict=True))
             step.logprobs = [found.get(i) for i in range(len(chunks))]
-        return step
+        return attach_pooled(step, pooled)
 
     def _sample_rows(
         self, hidden: torch.Tensor, sampled: list[SeqChunk], logits_of: Any
@@ -327,8 +330,9 @@ class ModelRunner:
                     v[op.dst_block, dst] = v[op.src_block, src]
 
     def free_request(self, request_id: str) -> None:
-        """Forget a finished or aborted request's generator."""
+        """Forget a finished or aborted request's generator (and pooled rows)."""
         self._generators.pop(request_id, None)
+        self.pooler.free_request(request_id)
 
     def _generator(self, chunk: SeqChunk) -> torch.Generator | None:
         """The request's own generator when seeded, else the runner's shared one."""

@@ -53,14 +53,17 @@ from kvserve.model.checkpoint.tokenizer import load_tokenizer
 from kvserve.ray import book
 from kvserve.ray.book import ViewStats
 from kvserve.router.follower import EventFollower
-from kvserve.router.prompts import extra_keys, prompt_token_ids
+from kvserve.router.prompts import Endpoint, extra_keys, prompt_token_ids
 from kvserve.router.replicas import event_source
 from kvserve.routing import Policy, ReplicaLoad, make_policy
 
 log = logging.getLogger("kvserve.ray")
 UNSENT_SECONDS = 60.0
-GENERATION_PATHS = {"/v1/chat/completions": True, "/v1/completions": False}
-"""Path -> whether it is chat: the requests whose hit is predicted."""
+GENERATION_PATHS: dict[str, Endpoint] = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+}
+"""Path -> how its prompt is read: the requests whose hit is predicted."""
 
 
 @dataclass(slots=True)
@@ -154,9 +157,9 @@ class KVServeRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         except Exception as exc:  # no prediction for chat; completions of token ids still
             log.warning("cannot load the replicas' tokenizer from %s: %s", path, exc)
 
-    def _prompts(self, chat: bool, body: Any) -> list[list[int]] | None:
+    def _prompts(self, endpoint: Endpoint, body: Any) -> list[list[int]] | None:
         """On the tokenizer's thread, after the tokenizer has loaded there."""
-        return prompt_token_ids(self.tokenizer, chat, body)
+        return prompt_token_ids(self.tokenizer, endpoint, body)
 
     def view_stats(self) -> ViewStats:
         stats: ViewStats = {}
@@ -198,10 +201,10 @@ class KVServeRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         forwarded = _forwarded(request.args)
         if forwarded is None or not self.followed:
             return None
-        chat, body = forwarded
+        endpoint, body = forwarded
         synced_future = self.follower.sync()  # the round trip overlaps the tokenizer
         loop = asyncio.get_running_loop()
-        prompts = await loop.run_in_executor(self.pool, self._prompts, chat, body)
+        prompts = await loop.run_in_executor(self.pool, self._prompts, endpoint, body)
         synced = await asyncio.wrap_future(synced_future)
         if prompts is None or not synced:
             return None
@@ -279,15 +282,16 @@ class KVServeRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         self._uncount(internal_request_id)
 
 
-def _forwarded(args: list[Any]) -> tuple[bool, Any] | None:
-    """(chat, the JSON body) of a generation request forwarded by the ingress, else None."""
+def _forwarded(args: list[Any]) -> tuple[Endpoint, Any] | None:
+    """(its endpoint, the JSON body) of a generation request forwarded by the ingress, else
+    None."""
     if len(args) != 2 or not isinstance(args[0], dict) or not isinstance(args[1], bytes):
         return None
     scope, raw = args
-    chat = GENERATION_PATHS.get(scope.get("path", ""))
-    if chat is None or scope.get("method") != "POST":
+    endpoint = GENERATION_PATHS.get(scope.get("path", ""))
+    if endpoint is None or scope.get("method") != "POST":
         return None
     try:
-        return chat, json.loads(raw)
+        return endpoint, json.loads(raw)
     except ValueError:
         return None

@@ -1,7 +1,9 @@
 """The router's FastAPI app: OpenAI's routes on several replicas, and its own small endpoints.
 
-POST /v1/completions and /v1/chat/completions are tokenized, their hits
-predicted and forwarded (forward.py); /v1/models, /tokenize and /detokenize
+POST /v1/completions, /v1/chat/completions and /v1/embeddings are
+tokenized, their hits predicted and forwarded (forward.py; an embedding's
+hit counts on replicas with `last` pooling, whose prompt blocks are shared
+and evented like any prompt's); /v1/models, /tokenize and /detokenize
 are forwarded without a prediction. /health is 200 while some replica can
 take a request and the router is not draining; /metrics is the router's own
 registry. With an API key every route but /health and /metrics wants it, as
@@ -30,7 +32,7 @@ from kvserve.router import health
 from kvserve.router.errors import error, install_error_handlers
 from kvserve.router.forward import Prediction, forward
 from kvserve.router.limits import read_body
-from kvserve.router.prompts import extra_keys, prompt_token_ids
+from kvserve.router.prompts import Endpoint, extra_keys, prompt_token_ids
 from kvserve.router.replicas import headers
 from kvserve.router.state import RouterState
 from kvserve.version import version as installed
@@ -79,11 +81,15 @@ def create_app(state: RouterState) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        return await _generate(request, state, chat=False)
+        return await _generate(request, state, "completions")
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        return await _generate(request, state, chat=True)
+        return await _generate(request, state, "chat")
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request) -> Response:
+        return await _generate(request, state, "embeddings")
 
     @app.get("/v1/models")
     @app.post("/tokenize")
@@ -121,17 +127,18 @@ async def _plain(request: Request, state: RouterState) -> Response:
     return await forward(request, state, raw, Prediction(checked=False))
 
 
-async def _generate(request: Request, state: RouterState, chat: bool) -> Response:
+async def _generate(request: Request, state: RouterState, endpoint: Endpoint) -> Response:
     if (denied := _refused(request, state)) is not None:
         return denied
     raw = await read_body(request, state.max_request_bytes)
     if isinstance(raw, Response):
         return raw
-    return await forward(request, state, raw, await _predict(state, chat, raw))
+    return await forward(request, state, raw, await _predict(state, endpoint, raw))
 
 
-async def _predict(state: RouterState, chat: bool, raw: bytes) -> Prediction:
-    """The prompts' tokens and each replica's hit; none when the body is not understood."""
+async def _predict(state: RouterState, endpoint: Endpoint, raw: bytes) -> Prediction:
+    """The prompts' tokens and each replica's hit; none when the body is not understood.
+    An embedding's answer reports no cached tokens: its hit steers, and is not checked."""
     try:
         body: Any = json.loads(raw)
     except ValueError:
@@ -141,7 +148,7 @@ async def _predict(state: RouterState, chat: bool, raw: bytes) -> Prediction:
     sync = asyncio.wrap_future(state.follower.sync())  # its round trip overlaps tokenizing
     try:
         prompts = await loop.run_in_executor(
-            state.tokenizer_thread, prompt_token_ids, state.tokenizer, chat, body
+            state.tokenizer_thread, prompt_token_ids, state.tokenizer, endpoint, body
         )
     except Exception as exc:  # a template that fails: the replica will say why
         log.debug("no prediction: %s", exc)
@@ -162,4 +169,7 @@ async def _predict(state: RouterState, chat: bool, raw: bytes) -> Prediction:
         hits = {}
     state.metrics.predict_seconds.observe(time.perf_counter() - tokenized)
     num_tokens = sum(len(p) for p in prompts)
+    if endpoint == "embeddings":
+        shared = [hits.get(r.index) if r.shares_embedding_prompts else 0 for r in state.replicas]
+        return Prediction(num_tokens, shared, checked=False)
     return Prediction(num_tokens, [hits.get(r.index) if r.caching else 0 for r in state.replicas])

@@ -5,25 +5,35 @@ special tokens added), token ids are taken as they are, and a batch is a
 list of either. Chat: the messages as the server reads them
 (kvserve.chat_template.openai_messages) through the checkpoint's own
 template (`render`, with the request's `chat_template_kwargs` and
-`reasoning_effort`, and the `tools` it offers). A body the router does not understand gets no
+`reasoning_effort`, and the `tools` it offers). Embeddings: `input` read as
+completions read `prompt` (the same shapes), strings encoded with the
+request's `add_special_tokens`; a batch is predicted whole (every input's hit,
+summed), as a completions batch is. A body the router does not understand gets no
 prediction: it is forwarded all the same, and the replica answers it
 (with the 400 that names the problem).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from kvserve.chat_template import offered_tools, openai_messages, render, template_kwargs
 from kvserve.prompt_fields import completion_prompts
 
+Endpoint = Literal["completions", "chat", "embeddings"]
 
-def prompt_token_ids(tokenizer: Any, chat: bool, body: Any) -> list[list[int]] | None:
+
+def prompt_token_ids(tokenizer: Any, endpoint: Endpoint, body: Any) -> list[list[int]] | None:
     """One token list per prompt the replica will run, or None if unknown."""
     if not isinstance(body, dict):
         return None
     try:
-        if chat:
+        if endpoint == "embeddings":
+            special = body.get("add_special_tokens", True)
+            if not isinstance(special, bool):
+                return None
+            return _completion_prompts(tokenizer, body.get("input"), special)
+        if endpoint == "chat":
             if tokenizer is None:
                 return None
             messages = openai_messages(body.get("messages"))
@@ -41,8 +51,13 @@ def extra_keys(body: Any) -> dict[str, str | None]:
     return {"lora_name": None, "cache_salt": salt if isinstance(salt, str) and salt else None}
 
 
-def _completion_prompts(tokenizer: Any, prompt: Any) -> list[list[int]] | None:
+def _completion_prompts(
+    tokenizer: Any, prompt: Any, special: bool = True
+) -> list[list[int]] | None:
     prompts = completion_prompts(prompt)  # a ValueError: the caller gives no prediction
     if tokenizer is None and any(isinstance(p, str) for p in prompts):
         return None
-    return [list(p) if isinstance(p, list) else list(tokenizer.encode(p)) for p in prompts]
+    return [
+        list(p) if isinstance(p, list) else list(tokenizer.encode(p, add_special_tokens=special))
+        for p in prompts
+    ]

@@ -51,6 +51,12 @@ class Replica:
     def caching(self) -> bool:
         return bool(self.info.get("enable_prefix_caching", True))
 
+    @property
+    def shares_embedding_prompts(self) -> bool:
+        """Whether its embeddings read and leave prompt blocks (`last` pooling; a `mean`
+        one recomputes every token under a salt of its own)."""
+        return self.caching and self.info.get("pooling", "last") == "last"
+
     def event_source(self) -> EventSource | None:
         """Where to follow its events; None without events or without a replay socket
         (a subscriber that joins late needs replay or a snapshot to start)."""

@@ -21,7 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from kvserve.serve import completions, protocol, tools
+from kvserve.serve import completions, embeddings, protocol, tools
 from kvserve.serve.errors import APIError, error_response, install_error_handlers
 from kvserve.serve.limits import BodyLimits
 from kvserve.serve.messages_api import routes as messages_api
@@ -110,6 +110,10 @@ def create_app(state: ServerState) -> FastAPI:
     @app.post("/v1/messages/count_tokens")
     async def count_message_tokens(request: Request) -> Any:
         return await messages_api.count_tokens(request, state)
+
+    @app.post("/v1/embeddings")
+    async def create_embeddings(request: Request) -> Any:
+        return await embeddings.embeddings(request, state)
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> dict[str, Any]:

@@ -69,9 +69,11 @@ def build_served_engine(
         metrics=metrics,
         max_queued_requests=args.max_queued_requests,
         log_requests=args.log_requests,
-        kv_metadata=kv_metadata_body(llm.engine, llm.model.path, name),
+        kv_metadata=kv_metadata_body(llm.engine, llm.model.path, name, args.pooling),
         limits=limits,
         responses=ResponseStore(args.responses_store_size),
         tool_call_parser=args.tool_call_parser,
+        pooling=args.pooling,
+        reasoning_parser=args.reasoning_parser,
     )
     return ServedEngine(llm, engine, state)

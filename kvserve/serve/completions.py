@@ -33,6 +33,7 @@ from kvserve.sampling_params import SamplingParams
 from kvserve.serve import fields, protocol, structured, tools
 from kvserve.serve.engine_thread import RequestRefused, ServerStopping, Submission
 from kvserve.serve.errors import APIError, error_body
+from kvserve.serve.reasoning import ChatReasoning, chat_reasoning
 from kvserve.serve.responses import Job, Part
 from kvserve.serve.state import ServerState
 from kvserve.tool_calls.parser import ToolParser
@@ -77,6 +78,8 @@ class ChatPrompt:
     ignored: list[str]
     tool_parser: ToolParser | None = None
     """Chat with tools: the answer is read for tool calls."""
+    reasoning: ChatReasoning | None = None
+    """Chat with --reasoning-parser: the answer is split into reasoning and content."""
 
 
 async def chat_prompt(state: ServerState, body: dict[str, Any]) -> ChatPrompt:
@@ -96,6 +99,9 @@ async def chat_prompt(state: ServerState, body: dict[str, Any]) -> ChatPrompt:
     if "reasoning_effort" in kwargs and not state.tokens.template_reads("reasoning_effort"):
         ignored = [*ignored, "reasoning_effort"]  # passed on; this template has no use for it
         state.ignored_log.note(["reasoning_effort"])
+    constraint = structured.structured_outputs(body)
+    field_name = "response_format" if constraint is None else constraint[1]
+    reasoning, params = chat_reasoning(state.reasoning_parser, kwargs, params, field_name)
     state.check_admission()
     offered = None if tool_request is None else tool_request.template_tools
     ids = await state.tokens.render(messages, kwargs, offered)
@@ -109,14 +115,16 @@ async def chat_prompt(state: ServerState, body: dict[str, Any]) -> ChatPrompt:
         params = protocol.with_max_tokens(params, context - len(ids))
     echo = messages[-1]["content"] if messages[-1]["role"] == "assistant" else ""
     tool_parser = parser if tool_request is not None and tool_request.parses else None
-    return ChatPrompt(ids, params, echo, ignored, tool_parser)
+    return ChatPrompt(ids, params, echo, ignored, tool_parser, reasoning)
 
 
 async def start_chat(state: ServerState, body: dict[str, Any], prompt: ChatPrompt) -> Job:
     """Submit a rendered chat prompt; back once its first step is done (a refusal: a 400).
     Read the answer with `collect` (whole) or `chunks` (the stream's chunk bodies)."""
     ids, parser = prompt.ids, prompt.tool_parser
-    return await _start(state, body, prompt.params, [ids], [ids], True, prompt.echo, parser)
+    return await _start(
+        state, body, prompt.params, [ids], [ids], True, prompt.echo, parser, prompt.reasoning
+    )
 
 
 def _check_ids(state: ServerState, ids: list[int]) -> None:
@@ -144,6 +152,7 @@ async def _start(
     chat: bool,
     chat_echo: str = "",
     tool_parser: ToolParser | None = None,
+    reasoning: ChatReasoning | None = None,
 ) -> Job:
     """`prompts` as given (echo shows them), `prompt_ids` what the engine runs; `chat_echo`:
     what chat's echo puts first; `tool_parser`: chat with tools, whose output is read for
@@ -160,6 +169,7 @@ async def _start(
         options=options,
         outputs=asyncio.Queue(),
         tool_parser=tool_parser,
+        reasoning=reasoning,
     )
     if state.log_requests:
         log.info("request %s: prompts=%r params=%r", job.request_id, prompts, params)

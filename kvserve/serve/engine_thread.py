@@ -30,6 +30,7 @@ from typing import Any
 
 from kvserve.engine.llm_engine import LLMEngine
 from kvserve.outputs import RequestOutput
+from kvserve.pooling_params import PoolingParams
 from kvserve.sampling_params import SamplingParams
 from kvserve.serve.metrics import EngineObserver
 
@@ -44,7 +45,7 @@ class Submission:
 
     request_id: str
     prompt: str | list[int]
-    params: SamplingParams
+    params: SamplingParams | PoolingParams
     cache_salt: str | None = None
 
 

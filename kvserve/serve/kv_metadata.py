@@ -3,8 +3,9 @@
 The engine's part is the very dict its event publisher answers `kv-metadata`
 with (kvserve.kvcache.event_metadata: hashing, groups, block sizes); the
 server adds what only it knows: the checkpoint (a router loads the same
-tokenizer and chat template from it), the served name, and where the events
-are published. Built once at start: none of it changes while serving.
+tokenizer and chat template from it), the served name, where the events
+are published, and its `--pooling` rule (a `mean` embedding shares no prompt
+blocks, so a router predicts it no hit). Built once at start: none of it changes while serving.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from kvserve.engine.llm_engine import LLMEngine
 from kvserve.kvcache.event_metadata import kv_events_metadata
 
 
-def kv_metadata_body(engine: LLMEngine, model_path: str, served_name: str) -> dict[str, Any]:
+def kv_metadata_body(
+    engine: LLMEngine, model_path: str, served_name: str, pooling: str
+) -> dict[str, Any]:
     """`kv_events`: the PUB and replay endpoints (ports already offset by the data-parallel
     rank) and the topic, or None when the engine publishes no events."""
     events = engine.kv_events
@@ -32,6 +35,7 @@ def kv_metadata_body(engine: LLMEngine, model_path: str, served_name: str) -> di
         "model": model_path,
         "served_model_name": served_name,
         "enable_prefix_caching": engine.manager.enable_caching,
+        "pooling": pooling,
         "kv_events": endpoints,
         "kv_metadata": events.metadata
         if events is not None

@@ -179,6 +179,18 @@ BODIES: dict[str, dict[str, Any]] = {
             **_TOOLS,
         },
     },
+    "/v1/embeddings": {
+        "type": "object",
+        "required": ["input"],
+        "properties": {
+            "model": {"type": "string"},
+            "input": _PROMPT,
+            "encoding_format": {"enum": ["float", "base64"]},
+            "dimensions": {"type": "integer"},
+            "add_special_tokens": {"type": "boolean"},
+            "user": {"type": "string"},
+        },
+    },
     "/tokenize": {
         "type": "object",
         "properties": {

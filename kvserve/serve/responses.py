@@ -15,6 +15,7 @@ from typing import Any
 from kvserve.outputs import CompletionOutput, RequestOutput
 from kvserve.serve.logprobs import Step, chat_logprobs, completion_logprobs
 from kvserve.serve.protocol import ResponseOptions
+from kvserve.serve.reasoning import ChatReasoning
 from kvserve.tool_calls.parser import ToolParser
 from kvserve.tool_calls.stream import ToolCallStream
 from kvserve.tool_calls.types import ParsedOutput, ToolCall
@@ -33,11 +34,17 @@ class ChatChoice:
     logprobs: dict[str, Any] | None = None
     stop_reason: int | str | None = None
     """The stop string or token id that ended it (vLLM's `stop_reason`)."""
+    reasoning_content: str | None = None
+    """The thinking of a reasoning model's answer (`--reasoning-parser`), apart from it."""
+    reasons: bool = False
+    """Read by a reasoning parser: the message has `reasoning_content` (null when none)."""
 
     def as_openai(self) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": self.content}
         if self.tool_calls:
             message["tool_calls"] = [call.as_openai() for call in self.tool_calls]
+        if self.reasons:
+            message["reasoning_content"] = self.reasoning_content
         return {
             "index": self.index,
             "finish_reason": self.finish_reason,
@@ -88,6 +95,8 @@ class Job:
     """Outputs read while waiting for every prompt's first step; handed out first."""
     tool_parser: ToolParser | None = None
     """Chat with tools (tool_choice not `none`): the output is read for tool calls."""
+    reasoning: ChatReasoning | None = None
+    """Chat with `--reasoning-parser`: the answer split into reasoning and content."""
 
     # -- accumulating -------------------------------------------------------------
 
@@ -144,11 +153,17 @@ class Job:
             for j in range(self.n):
                 text = part.texts.get(j, "")
                 finish = part.finish.get(j)
+                reasoning = None
+                if self.reasoning is not None:  # the thinking first; the rest is the answer
+                    split = self.reasoning.parser.split(text)
+                    text, reasoning = split.content, split.reasoning or None
                 parsed = ParsedOutput(part.echo + text)
                 if self.tool_parser is not None:
                     parsed = self.tool_parser.parse(text)
                     if part.echo:
                         parsed.content = part.echo + (parsed.content or "")
+                if parsed.content == "" and self.reasoning is not None:
+                    parsed.content = None  # as vLLM answers a reasoning model's empty content
                 if parsed.tool_calls and finish == "stop":
                     finish = "tool_calls"
                 steps = part.steps.get(j, [])
@@ -156,7 +171,16 @@ class Job:
                 index = part.index * self.n + j
                 stop = part.stop_reasons.get(j)
                 choices.append(
-                    ChatChoice(index, parsed.content, parsed.tool_calls, finish, logprobs, stop)
+                    ChatChoice(
+                        index,
+                        parsed.content,
+                        parsed.tool_calls,
+                        finish,
+                        logprobs,
+                        stop,
+                        reasoning,
+                        reasons=self.reasoning is not None,
+                    )
                 )
         return choices
 
@@ -225,17 +249,19 @@ class Job:
         part = self.parts[output.request_id]
         choices = []
         for index, c in self.add(output):
-            text = c.text
-            if c.index not in part.started and (text or c.finish_reason):
+            echo = ""
+            if c.index not in part.started and (c.text or c.finish_reason):
                 part.started.add(c.index)
-                text = part.echo + text
+                echo = part.echo
+            text = echo + c.text
             if not text and c.finish_reason is None and not c.token_ids:
                 continue
             logprobs = self._logprobs(part, c.index, c.token_ids, c.logprobs)
             choice: dict[str, Any] = {"index": index, "logprobs": logprobs}
             finish = c.finish_reason
-            if self.chat and self.tool_parser is not None:
-                choice["delta"], finish = self._tool_delta(part, c, text[: len(text) - len(c.text)])
+            if self.chat and (self.tool_parser is not None or self.reasoning is not None):
+                echo = text[: len(text) - len(c.text)]
+                choice["delta"], finish = self._chat_delta(part, c, index, echo)
             elif self.chat:
                 choice["delta"] = {"content": text} if text else {}
             else:
@@ -246,23 +272,33 @@ class Job:
             choices.append(choice)
         return self.chunk(choices) if choices else None
 
-    def _tool_delta(
-        self, part: Part, c: CompletionOutput, echo: str
+    def _chat_delta(
+        self, part: Part, c: CompletionOutput, index: int, echo: str
     ) -> tuple[dict[str, Any], str | None]:
-        """A delta read for tool calls: content before the calls, call pieces, and
-        finish_reason "tool_calls" once the model called and stopped."""
-        assert self.tool_parser is not None
-        stream = part.tool_streams.setdefault(c.index, ToolCallStream(self.tool_parser))
-        piece = stream.feed(c.text)
-        if c.finish_reason is not None:
-            piece.content += stream.finish().content
-        delta: dict[str, Any] = {}
-        if echo or piece.content:
-            delta["content"] = echo + piece.content
-        if piece.calls:
-            delta["tool_calls"] = [call.as_openai() for call in piece.calls]
+        """A chat delta read by the reasoning parser (thinking apart), then for tool calls
+        (content before the calls, call pieces, finish_reason "tool_calls" once the model
+        called and stopped); `echo` goes first as content, read by neither."""
+        final = c.finish_reason is not None
+        content, delta = c.text, dict[str, Any]()
+        if self.reasoning is not None:
+            split = self.reasoning.delta(index, c.text, final)
+            if "reasoning_content" in split:
+                delta["reasoning_content"] = split["reasoning_content"]
+            content = split.get("content", "")
         finish = c.finish_reason
-        return delta, "tool_calls" if finish == "stop" and stream.called else finish
+        if self.tool_parser is not None:
+            stream = part.tool_streams.setdefault(c.index, ToolCallStream(self.tool_parser))
+            piece = stream.feed(content)
+            if final:
+                piece.content += stream.finish().content
+            content = piece.content
+            if piece.calls:
+                delta["tool_calls"] = [call.as_openai() for call in piece.calls]
+            if finish == "stop" and stream.called:
+                finish = "tool_calls"
+        if echo or content:
+            delta["content"] = echo + content
+        return delta, finish
 
     def abort_chunk(self) -> dict[str, Any]:
         """The server stopped: every unfinished choice ends with finish_reason "abort"."""

@@ -50,12 +50,17 @@ class ServerState:
     limits: ServeLimits = field(default_factory=ServeLimits)
     responses: ResponseStore = field(default_factory=lambda: ResponseStore(RESPONSES_STORE_SIZE))
     """/v1/responses kept for GET, DELETE and previous_response_id (event-loop owned)."""
+    pooling: str = "last"
+    """How /v1/embeddings pools the final hidden states (`--pooling`: last or mean)."""
+    reasoning_parser: str | None = None
+    """`--reasoning-parser` (kvserve.reasoning): chat answers split into reasoning and
+    content; None: the whole answer is content."""
     tokenizer: TokenizerWorker | None = None
+    """The tokenizer's worker thread (built from the engine's tokenizer when None)."""
     tool_call_parser: str | None = None
     """`--tool-call-parser` (None: the chat template's family, else hermes)."""
     tool_parser: ToolParser | None = None
     """How this checkpoint's tool calls are written and read (tool_calls.registry)."""
-    """The tokenizer's worker thread (built from the engine's tokenizer when None)."""
 
     def __post_init__(self) -> None:
         if self.tokenizer is None:

@@ -13,8 +13,8 @@ def test_an_unsupported_architecture_is_refused(checkpoints, tmp_path):
     proc = kvserve("kv-metadata", "--model", checkpoints["qwen3"].path)
     assert proc.returncode == 0 and json.loads(proc.stdout)["groups"], proc.stderr
     (tmp_path / "config.json").write_text(
-        json.dumps({**config, "architectures": ["MistralForCausalLM"]})
+        json.dumps({**config, "architectures": ["GPT2LMHeadModel"]})
     )
     proc = kvserve("kv-metadata", "--model", str(tmp_path))
-    one_line_error(proc, "'MistralForCausalLM' is not supported", "Qwen3ForCausalLM")
+    one_line_error(proc, "'GPT2LMHeadModel' is not supported", "Qwen3ForCausalLM")
     assert proc.stdout == ""

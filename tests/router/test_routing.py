@@ -6,6 +6,7 @@ import json
 import time
 
 import httpx
+import openai
 import pytest
 
 from tests.router._workload import conversations
@@ -106,3 +107,34 @@ def test_plain_answers_and_errors_pass_through(cluster):
     models = httpx.get(f"{router.url}/v1/models").json()
     assert [m["id"] for m in models["data"]] == [router.model]
     assert httpx.get(f"{router.url}/health").status_code == 200
+
+
+def test_embeddings_are_forwarded_steered_by_their_prefix_and_equal_one_servers(cluster):
+    replicas, router = cluster
+    texts = [f"Embeddings behind the router, item {i}: blocks of memory shared." for i in (1, 2)]
+
+    def requests() -> list[float]:
+        return [router_value(router, "requests_total", r) for r in replicas]
+
+    with (
+        openai.OpenAI(base_url=f"{router.url}/v1", api_key="unused", timeout=60) as routed,
+        openai.OpenAI(base_url=f"{replicas[0].url}/v1", api_key="unused", timeout=60) as one,
+    ):
+        want = one.embeddings.create(model=router.model, input=texts)
+        before, predicted = requests(), router_total(router, "predicted_hit_tokens_total")
+        got = routed.embeddings.create(model=router.model, input=texts)
+        first = requests()
+        assert [d.index for d in got.data] == [0, 1] and got.usage == want.usage
+        for a, b in zip(got.data, want.data, strict=True):
+            assert a.embedding == pytest.approx(b.embedding, abs=1e-5)
+        # The batch's blocks are evented like any prompt's: the same batch again is predicted
+        # its hit on the replica that holds them, and goes there.
+        routed.embeddings.create(model=router.model, input=texts)
+        assert router_total(router, "predicted_hit_tokens_total") > predicted
+        again = requests()
+        assert [b - a for a, b in zip(before, first, strict=True)] == [
+            b - a for a, b in zip(first, again, strict=True)
+        ]
+        with pytest.raises(openai.BadRequestError, match="input"):  # the replica's 400, relayed
+            routed.embeddings.create(model=router.model, input=[])
+    assert router_total(router, "prediction_wrong_total") == 0  # embeddings are not checked

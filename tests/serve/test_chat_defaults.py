@@ -146,9 +146,9 @@ def test_the_router_predicts_the_prompt_the_template_kwargs_give(thinking: Serve
 
     tokenizer = AutoTokenizer.from_pretrained(thinking.model)
     body = {"messages": CHAT, "chat_template_kwargs": {"enable_thinking": False}}
-    [ids] = prompt_token_ids(tokenizer, True, body) or [[]]
+    [ids] = prompt_token_ids(tokenizer, "chat", body) or [[]]
     assert len(ids) == prompt_tokens(chat(thinking, max_tokens=1, **body))
-    assert prompt_token_ids(tokenizer, True, {**body, "chat_template_kwargs": [1]}) is None
+    assert prompt_token_ids(tokenizer, "chat", {**body, "chat_template_kwargs": [1]}) is None
 
 
 def test_reasoning_effort_is_named_ignored_when_the_template_does_not_read_it(short: Server):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from kvserve.serve import fields, protocol
+from kvserve.serve import embeddings, fields, protocol
 from kvserve.serve.app import create_app
 from kvserve.serve.messages_api import request as messages
 from kvserve.serve.responses_api import request as responses
@@ -37,6 +37,7 @@ EXPECTED = {
         set(messages.REFUSED),
         "400",
     ),
+    "POST /v1/embeddings": (embeddings.SERVED, NONE, set(embeddings.REFUSED), "ignored, named"),
     "POST /tokenize": (protocol.TOKENIZE_FIELDS, NONE, NONE, "400"),
     "POST /detokenize": (protocol.DETOKENIZE_FIELDS, NONE, NONE, "400"),
 }

@@ -39,7 +39,7 @@ def test_kv_metadata_is_the_publishers_plus_where_the_events_are(demo):
             "data_parallel_rank": 1,
         }
         assert body["model"] == demo and body["served_model_name"] == "tiny"
-        assert body["enable_prefix_caching"] is True
+        assert body["enable_prefix_caching"] is True and body["pooling"] == "last"
         sub = KVEventSubscriber(pub, rep, topic="kv@replica", sync=False)
         try:
             assert body["kv_metadata"] == sub.fetch_metadata()

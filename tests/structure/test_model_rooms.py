@@ -20,6 +20,7 @@ MODEL = PACKAGE / "model"
 MAY_IMPORT = {
     "checkpoint": set(),
     "sampling": set(),
+    "pooling": set(),
     "layers": {"checkpoint"},
     "quant": {"checkpoint"},
     "attention": {"layers"},

@@ -1,0 +1,1 @@
+"""Final hidden states -> one vector per pooling request (kvserve.pooling_params)."""
