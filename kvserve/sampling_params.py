@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 
@@ -235,6 +235,15 @@ class SamplingParams:
             or self.repetition_penalty != 1.0
             or self.logit_bias
         )
+
+    def per_completion(self) -> list[SamplingParams]:
+        """One params per completion (`n` = 1 each): each samples on its own, and a seed
+        stays reproducible per index (the request's plus the index, kept signed 64-bit)."""
+        if self.n == 1:
+            return [self]
+        seeds = [None if self.seed is None else (self.seed + i + 2**63) % 2**64 - 2**63
+                 for i in range(self.n)]  # fmt: skip
+        return [replace(self, n=1, seed=seed) for seed in seeds]
 
 
 MIN_TEMPERATURE = 1e-5

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import replace
 from typing import Any
 
 from kvserve.batch import Runner
@@ -171,30 +170,22 @@ class LLMEngine:
                 f"[0, {self._vocab_size})"
             )
         grammar = self.grammars.states_for(params)  # a constraint it cannot read raises
-        sequences = []
-        for index in range(params.n):
-            child = params
-            if params.n > 1:
-                # Each completion samples on its own; a seed stays reproducible per index.
-                seed = None if params.seed is None else _wrap_int64(params.seed + index)
-                child = replace(params, n=1, seed=seed)
-            sequences.append(
-                Request(
-                    request_id if params.n == 1 else f"{request_id}#{index}",
-                    list(token_ids),
-                    params=child,
-                    lora_name=lora_name,
-                    cache_salt=cache_salt,
-                    parent_id=request_id,
-                    index=index,
-                    grammar=None if grammar is None else grammar(),
-                    spec=None
-                    if self.drafter is None
-                    or pooling is not None  # a pooling request never decodes
-                    else self.drafter.state_for(child),
-                    pooling=pooling,
-                )
+        drafter = None if pooling is not None else self.drafter  # pooling never decodes
+        sequences = [
+            Request(
+                request_id if params.n == 1 else f"{request_id}#{index}",
+                list(token_ids),
+                params=child,
+                lora_name=lora_name,
+                cache_salt=cache_salt,
+                parent_id=request_id,
+                index=index,
+                grammar=None if grammar is None else grammar(),
+                spec=None if drafter is None else drafter.state_for(child),
+                pooling=pooling,
             )
+            for index, child in enumerate(params.per_completion())
+        ]
         added: list[Request] = []
         try:
             for seq in sequences:
@@ -399,8 +390,3 @@ class LLMEngine:
             **(self.tiers.stats() if self.tiers is not None else {}),
             **(self.drafter.stats_dict() if self.drafter is not None else {}),
         }
-
-
-def _wrap_int64(value: int) -> int:
-    """A completion's seed (the request's plus its index) kept a signed 64-bit integer."""
-    return (value + 2**63) % 2**64 - 2**63

@@ -40,7 +40,7 @@ from kvserve.model.sampling.logprobs import token_logprobs
 from kvserve.model.sampling.penalties import apply_penalties
 from kvserve.model.sampling.rows import each_row
 from kvserve.model.sampling.sampler import sample
-from kvserve.model.sampling.speculative import verify
+from kvserve.model.sampling.speculative import verify_chunk
 from kvserve.model.threads import default_num_threads
 
 logger = logging.getLogger(__name__)
@@ -249,7 +249,10 @@ class ModelRunner:
             pooled = self.pooler.pool(hidden, chunks)  # None unless a chunk pools
             logits_of = self.model.compute_logits
             tokens, logprobs, failed = self._sample_rows(hidden[rows], sampled, logits_of)
-            verified = [self._verify(logits_of(hidden[a:b]), chunks[i]) for i, a, b in drafted]
+            verified = [
+                verify_chunk(logits_of(hidden[a:b]), chunks[i], self._generator(chunks[i]))
+                for i, a, b in drafted
+            ]
         step = StepOutput([None] * len(chunks))
         plain = [i for i, chunk in enumerate(chunks) if chunk.sample and not chunk.draft_token_ids]
         for i, token in zip(plain, tokens, strict=True):
@@ -282,18 +285,6 @@ class ModelRunner:
             return each_row(
                 len(sampled), lambda i: self._sample(logits_of(hidden[i : i + 1]), [sampled[i]])
             )
-
-    def _verify(self, logits: torch.Tensor, chunk: SeqChunk) -> tuple[int, int | None, str | None]:
-        """A chunk with drafts: (drafts accepted, the token after them, why it failed);
-        penalties, bias, grammars and logprobs never reach here (kvserve.engine.drafter)."""
-        try:
-            accepted, token = verify(
-                logits, chunk.draft_token_ids, chunk.params, self._generator(chunk)
-            )
-        except Exception as exc:  # its request fails alone
-            logger.exception("request %s: verifying its drafts failed", chunk.request_id)
-            return 0, None, f"{type(exc).__name__}: {exc}"[:500]
-        return accepted, token, None
 
     def _sample(
         self, logits: torch.Tensor, chunks: list[SeqChunk]

@@ -22,10 +22,12 @@ are this engine's; the arithmetic is a few tensor operations.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import torch
 
+from kvserve.batch import SeqChunk
 from kvserve.model.sampling.sampler import filtered_probs
 from kvserve.sampling_params import SamplingParams
 
@@ -73,3 +75,19 @@ def verify(
     if params is None or params.temperature == 0:
         return verify_greedy(logits, drafts)
     return verify_sampled(logits, drafts, params, generator)
+
+
+def verify_chunk(
+    logits: torch.Tensor, chunk: SeqChunk, generator: torch.Generator | None
+) -> tuple[int, int | None, str | None]:
+    """A chunk with drafts: (drafts accepted, the token after them, why it failed); its
+    request fails alone. Penalties, bias, grammars and logprobs never reach here
+    (kvserve.engine.drafter)."""
+    try:
+        accepted, token = verify(logits, chunk.draft_token_ids, chunk.params, generator)
+    except Exception as exc:
+        logging.getLogger(__name__).exception(
+            "request %s: verifying its drafts failed", chunk.request_id
+        )
+        return 0, None, f"{type(exc).__name__}: {exc}"[:500]
+    return accepted, token, None
