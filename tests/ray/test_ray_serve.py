@@ -5,7 +5,6 @@ that had not started, and predictions are exact again once Serve has replaced it
 
 from __future__ import annotations
 
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -107,16 +106,23 @@ def _engine_actor() -> tuple[str, object]:
 
 
 def test_a_replica_killed_under_load_loses_no_request_not_started(served, demo):
+    # Both views in sync first: the router then books what it sends each replica.
+    wait_for(lambda: len(served.followed()) == 2, 60, "both replicas followed")
     before = served.followed()
     victim, actor = _engine_actor()
-    body = {"max_tokens": 24, "temperature": 0, "extra_body": {"ignore_eos": True}}
+
+    def sent() -> float:  # what the router has sent the victim (absent until the first)
+        try:
+            return served.value("requests_total", victim)
+        except KeyError:
+            return 0.0
+
+    sent_before = sent()
+    body = {"max_tokens": 300, "temperature": 0, "extra_body": {"ignore_eos": True}}
     failures: list[BaseException] = []
-    kill_at = threading.Event()
 
     def one(k: int) -> None:
         messages = [{"role": "user", "content": f"{OPENERS[k % len(OPENERS)]} load {k}."}]
-        if k == 3:
-            kill_at.set()
         try:
             with client(served.url) as c:
                 c.chat.completions.create(model=demo, messages=messages, **body)
@@ -125,8 +131,9 @@ def test_a_replica_killed_under_load_loses_no_request_not_started(served, demo):
 
     with ThreadPoolExecutor(8) as pool:
         futures = [pool.submit(one, k) for k in range(8)]
-        kill_at.wait(30)
-        time.sleep(0.3)
+        # Killed once the router has sent it work (300 tokens each: still running then).
+        wait_for(lambda: sent() > sent_before, 30, "a request on the victim")
+        time.sleep(0.2)
         ray.kill(actor, no_restart=True)
         for f in futures:
             f.result()
