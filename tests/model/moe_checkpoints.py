@@ -19,19 +19,13 @@ import torch
 import transformers
 
 from tests._shared import saved_once, shared_dir
+from tests.conftest import COMMON
 
-TINY = dict(
-    hidden_size=64,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=320,
-    max_position_embeddings=512,
-    bos_token_id=None,
-    eos_token_id=None,
-    pad_token_id=None,
-    initializer_range=0.2,  # lively greedy output (as conftest's COMMON)
-    num_experts_per_tok=2,
-)
+TINY = {
+    **{k: v for k, v in COMMON.items() if k not in ("intermediate_size", "num_hidden_layers")},
+    "num_experts_per_tok": 2,
+}
+"""The suite's tiny shape (conftest's COMMON); each family sets its layers and widths."""
 
 MOE_ARCHS = {
     "qwen3_moe": (
