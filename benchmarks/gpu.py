@@ -258,7 +258,15 @@ def run_worker(engine: str, argv: list[str]) -> dict:
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
     if proc.returncode:
         raise SystemExit(f"{engine} worker failed (exit {proc.returncode}); its stderr is above")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    first, warm = result["runs"]
+    print(  # a row as each engine ends: a run cut short still shows what finished
+        f"{engine}: first run {first['seconds']:.1f} s, warm run {warm['seconds']:.1f} s "
+        f"over {warm['steps']:,} steps",
+        file=sys.stderr,
+        flush=True,
+    )
+    return result
 
 
 # -- report ---------------------------------------------------------------------

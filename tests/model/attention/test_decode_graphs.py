@@ -2,7 +2,8 @@
 
 CUDA captures one graph per batch bucket over these buffers; the CPU has no graphs, so
 here the same buffers, padding rows and stale table entries feed an eager forward
-(`capture=False`) with the Triton kernels in their interpreter. Greedy tokens must
+(`capture=False`) with the Triton kernels in their interpreter (on a CUDA machine: on
+the GPU, where the interpreter is off). Greedy tokens must
 equal transformers' while batches shrink (requests end at different lengths) and
 prefixes hit.
 """
@@ -21,6 +22,9 @@ from tests.model.attention.backend_oracle import prompts
 
 pytest.importorskip("triton")
 
+EAGER_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+"""Where the eager tests run: the interpreter is on only where no GPU is (tests/conftest.py)."""
+
 
 def test_buckets_cover_every_batch_size_once():
     assert batch_buckets(1) == [1]
@@ -31,10 +35,11 @@ def test_buckets_cover_every_batch_size_once():
 
 
 def graphed_llm(ck, max_num_seqs: int = 8) -> tuple[LLM, list[int]]:
-    """An LLM on the triton backend whose decode steps go through DecodeGraphs' buffers;
-    the list records each step's rows that did."""
-    llm = LLM(ck.path, block_size=BS, num_kv_blocks=96, dtype="float32", device="cpu",
-              num_threads=1, attention_backend="triton", max_num_seqs=max_num_seqs)  # fmt: skip
+    """An LLM on the triton backend whose decode steps go through DecodeGraphs' buffers
+    (never captured); the list records each step's rows that did."""
+    llm = LLM(ck.path, block_size=BS, num_kv_blocks=96, dtype="float32", device=EAGER_DEVICE,
+              num_threads=1, attention_backend="triton", max_num_seqs=max_num_seqs,
+              enforce_eager=True)  # fmt: skip
     runner = llm.engine.runner
     graphs = DecodeGraphs(runner, max_num_seqs, capture=False)
     rows: list[int] = []
@@ -57,13 +62,13 @@ def check_greedy(ck, llm: LLM, rows: list[int]) -> None:
     assert {4, 3, 2, 1} <= set(rows)  # every batch size went through the buffers
 
 
-def test_llama_decodes_through_the_buffers_equal_transformers(llama):
+def test_llama_decodes_through_the_buffers_equal_transformers(llama, exact_float32):  # noqa: F811
     llm, rows = graphed_llm(llama)
     check_greedy(llama, llm, rows)
 
 
 @pytest.mark.slow
-def test_gemma3_windows_through_the_buffers_equal_transformers(gemma3_checkpoint):
+def test_gemma3_windows_through_the_buffers_equal_transformers(gemma3_checkpoint, exact_float32):  # noqa: F811
     """Two KV cache groups (full and sliding window): a table buffer each."""
     llm, rows = graphed_llm(gemma3_checkpoint)
     check_greedy(gemma3_checkpoint, llm, rows)
@@ -83,7 +88,8 @@ def test_steps_a_graph_cannot_take_run_eagerly(llama):
 
 def test_mamba_state_groups_are_refused(bamba_checkpoint):
     llm = LLM(bamba_checkpoint.path, block_size=BS, num_kv_blocks=96, dtype="float32",
-              device="cpu", num_threads=1, attention_backend="triton")  # fmt: skip
+              device=EAGER_DEVICE, num_threads=1, attention_backend="triton",
+              enforce_eager=True)  # fmt: skip
     with pytest.raises(ValueError, match="decode graphs do not cover Mamba state groups"):
         DecodeGraphs(llm.engine.runner, 4, capture=False)
 
