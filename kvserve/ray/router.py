@@ -189,7 +189,7 @@ class KVServeRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
             if ranks is not None:
                 return ranks
         return await PowerOfTwoChoicesRequestRouter.choose_replicas(
-            self,  # type: ignore[arg-type]  # Serve's own router does the same
+            self,
             candidate_replicas=candidate_replicas,
             pending_request=pending_request,
         )
