@@ -11,6 +11,7 @@ head_dim, a non-default rope_theta and Llama 3.1 rope scaling.
 
 from __future__ import annotations
 
+import inspect
 import os
 from pathlib import Path
 
@@ -227,6 +228,11 @@ def gemma3_3groups_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Check
 
 @pytest.fixture(scope="session")
 def bamba_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Checkpoint:
+    # Older transformers (5.17 among them) normalize the gated RMSNorm over all B/C groups;
+    # Mamba2's kernels and kvserve normalize each group (this checkpoint has two): no oracle.
+    norm = transformers.models.bamba.modeling_bamba.BambaRMSNormGated
+    if "group_size" not in inspect.signature(norm.__init__).parameters:
+        pytest.skip(f"transformers {transformers.__version__}'s Bamba norm ignores its groups")
     return shared_checkpoint(tmp_path_factory, "bamba")
 
 
