@@ -102,19 +102,33 @@ class Drafter:
         }
 
 
-def draft_model_for(drafter: Drafter | None, runner: Runner) -> DraftModel | None:
-    """The draft model a "draft_model" config names, its K/V in `runner`'s block layout
-    (None for other methods). Refused (ValueError) over a runner without a model."""
+def draft_model_path(config: Any) -> str | None:
+    """The draft checkpoint a "draft_model" `speculative_config` names (None otherwise): the
+    model runner loads it beside the target, before sizing the pool."""
+    if config is None:
+        return None
+    spec = SpeculativeConfig.from_any(config)
+    return spec.model if spec.method == "draft_model" else None
+
+
+def draft_model_for(
+    drafter: Drafter | None, runner: Runner, max_model_len: int | None
+) -> DraftModel | None:
+    """The runner's draft model for a "draft_model" config (None for other methods).
+    Refused (ValueError) over a runner without one (simulate's model-free runner) and for
+    a draft that reads fewer positions than `max_model_len`."""
     if drafter is None or drafter.config.method != "draft_model":
         return None
-    from kvserve.model.runner import ModelRunner  # torch only when a draft model runs
-
-    if not isinstance(runner, ModelRunner):
+    draft: DraftModel | None = getattr(runner, "draft", None)
+    if draft is None:
         raise ValueError(
-            "speculative_config: method 'draft_model' needs a model runner, not "
-            f"{type(runner).__name__} (simulate: use method 'ngram')"
+            "speculative_config: method 'draft_model' needs a model runner that loaded the "
+            f"draft, not {type(runner).__name__} (simulate: use method 'ngram')"
         )
-    from kvserve.model.draft_model import DraftModel
-
-    assert drafter.config.model is not None  # SpeculativeConfig checked
-    return DraftModel(drafter.config.model, runner)
+    if max_model_len is not None and draft.max_positions < max_model_len:
+        raise ValueError(
+            f"speculative_config: the draft model reads {draft.max_positions} positions, "
+            f"fewer than max_model_len {max_model_len} (lower max_model_len or use another "
+            "draft)"
+        )
+    return draft

@@ -13,7 +13,7 @@ from typing import Any
 
 from kvserve.batch import Runner
 from kvserve.engine.content_tracker import tracker_for
-from kvserve.engine.drafter import Drafter, draft_model_for
+from kvserve.engine.drafter import Drafter, draft_model_for, draft_model_path
 from kvserve.engine.engine_args import EngineArgs
 from kvserve.engine.engine_stats import EngineStats
 from kvserve.engine.grammar import EngineGrammars
@@ -58,6 +58,7 @@ class LLMEngine:
             max_num_seqs=args.max_num_seqs,
             warmup=args.warmup,
             enforce_eager=args.enforce_eager,
+            draft_model=draft_model_path(args.speculative_config),
         )
         self._setup(runner, args)
 
@@ -97,7 +98,7 @@ class LLMEngine:
         self.logprobs = LogprobsRecorder(self.tokenizer)
         self.drafter = Drafter.build(args.speculative_config, runner.kv_cache_specs)
         """Speculative decoding (kvserve.engine.drafter); None when it is off."""
-        self.draft_model = draft_model_for(self.drafter, runner)
+        self.draft_model = draft_model_for(self.drafter, runner, max_model_len)
         """method "draft_model": the draft (kvserve.model.draft_model); None otherwise."""
         self.scheduler = Scheduler(
             self.manager,
@@ -287,9 +288,7 @@ class LLMEngine:
             self.kv_events.close()
             self.kv_events = None
         self.grammars.close()
-        self.runner.release()
-        if self.draft_model is not None:
-            self.draft_model.release()
+        self.runner.release()  # its draft model's too
 
     def _check_open(self) -> None:
         if self.closed:

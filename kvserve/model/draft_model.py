@@ -3,7 +3,8 @@ tokenizer proposes the next tokens; the target verifies them in one step.
 
 Its K/V follows the target's KV cache rules without a manager of its own:
 each draft layer has (K, V) tensors indexed by the SAME block ids as the
-target's first full-attention group (same block size, same pool size), so
+target's first full-attention group (same block size, same pool size: the
+model runner loads the draft first and counts its share in every block), so
 the target's one `KVCacheManager` allocates, hashes, shares, evicts and
 frees the draft's K/V with the target's. That holds because the draft
 writes K/V at every position the target computes, in the same step, into
@@ -60,8 +61,10 @@ class DraftModel:
     """The draft checkpoint, its K/V tensors in the target's block layout, and `propose`."""
 
     def __init__(self, model_dir: str | Path, target: ModelRunner) -> None:
-        """`target`: the target's ModelRunner (its dtype, device, quantization where the
-        draft's format allows it, pool and block tables)."""
+        """Load and check the draft beside `target`, the target's ModelRunner (its dtype,
+        device, quantization where the draft's format allows it, specs and block size),
+        before the target sizes its pool (`page_bytes` is part of each block); `allocate`
+        then gives it K/V for the pool's blocks."""
         quantization = target.quantization  # the target's packing, where the draft has it
         if quantization == "gguf" and resolve_checkpoint(model_dir).gguf is None:
             quantization = "none"
@@ -72,12 +75,6 @@ class DraftModel:
                 "rewound past a rejected draft; use an attention-only draft"
             )
         check_same_vocabulary(model_dir, config, target)
-        if config.max_position_embeddings < target.max_model_len:
-            raise ValueError(
-                f"speculative_config: the draft model reads {config.max_position_embeddings} "
-                f"positions, fewer than the target's {target.max_model_len} (lower "
-                "max_model_len or use another draft)"
-            )
         groups = [
             g for g, spec in enumerate(target.kv_cache_specs) if isinstance(spec, FullAttentionSpec)
         ]
@@ -87,6 +84,8 @@ class DraftModel:
                 "layer (the draft's layers read every position through its block table)"
             )
         self.model: DecoderForCausalLM | None = model
+        self.config = config
+        self.max_positions: int = config.max_position_embeddings
         self.group = groups[0]
         """The target's KV cache group whose block tables the draft's layers use."""
         self.block_size: int = target.block_size
@@ -94,15 +93,17 @@ class DraftModel:
         self.backend: str = target.attention_backend
         self.windows: list[int | None] = config.layer_windows or [None] * config.num_layers
         """Per draft layer, its sliding window (masked in attention; the table is full)."""
-        self.kv_caches = allocate_kv_caches(
-            config, target.num_blocks, self.block_size, target.dtype, self.device
-        )
+        self.dtype: torch.dtype = target.dtype
+        self.page_bytes = bytes_per_block(config, self.block_size, self.dtype)
+        """The draft's K/V bytes of one block (the target's pool counts them per block)."""
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         """One (K, V) pair per draft layer: [num_blocks, block_size, heads, head_dim]."""
-        logger.info(
-            "draft model %s: %d layer(s), K/V %.1f MiB beside the target's pool",
-            model_dir,
-            config.num_layers,
-            target.num_blocks * bytes_per_block(config, self.block_size, target.dtype) / 2**20,
+        logger.info("draft model %s: %d layer(s)", model_dir, config.num_layers)
+
+    def allocate(self, num_blocks: int) -> None:
+        """K/V for each of the pool's `num_blocks` blocks (one pair per draft layer)."""
+        self.kv_caches = allocate_kv_caches(
+            self.config, num_blocks, self.block_size, self.dtype, self.device
         )
 
     def release(self) -> None:
@@ -113,8 +114,8 @@ class DraftModel:
     def propose(self, chunks: list[SeqChunk]) -> dict[int, list[int]]:
         """Run the step's tokens through the draft, then draft each chunk that has lookahead
         slots (its `draft_token_ids` says how many); chunk index -> its draft tokens."""
-        if self.model is None:
-            raise RuntimeError("the draft model was released (shut down): no step runs")
+        if self.model is None or not self.kv_caches:
+            raise RuntimeError("the draft model has no K/V (released, or never allocated)")
         with torch.inference_mode():
             spans: list[Span] = []
             input_ids: list[int] = []

@@ -131,3 +131,13 @@ def test_generate_command_line_takes_a_draft_model(checkpoints, drafts, capsys):
     out = capsys.readouterr().out
     accepted, drafted = out.split("speculative: ")[1].split(" draft tokens")[0].split(" of ")
     assert 0 < int(accepted) <= int(drafted)
+
+
+def test_the_pool_counts_the_drafts_share_of_each_block(checkpoints, drafts):
+    ck = checkpoints["llama"]
+    plain = make(ck, num_kv_blocks=None, kv_cache_memory="1MiB", speculative_config=None)
+    llm = make(ck, num_kv_blocks=None, kv_cache_memory="1MiB", speculative_config=spec(ck.path))
+    runner = llm.engine.runner
+    assert runner.bytes_per_block == 2 * plain.engine.runner.bytes_per_block  # draft == target
+    assert runner.num_blocks == 2**20 // runner.bytes_per_block
+    assert all(k.shape[0] == runner.num_blocks for k, _ in runner.draft.kv_caches)
