@@ -15,7 +15,7 @@ import json
 
 import pytest
 
-from kvserve import LLM
+from kvserve import LLM, SamplingParams
 from kvserve.cli import main
 from tests._shared import saved_once, shared_dir
 from tests.conftest import ARCHS, COMMON, Checkpoint
@@ -74,6 +74,16 @@ def test_preemption_in_a_verified_run(checkpoints, drafts):
     assert run(llm, prompts) == expected
     assert llm.engine.scheduler.stats.preemptions > 0
     assert_drafted(llm)
+
+
+def test_seeded_sampling_with_a_draft_model_is_reproducible(checkpoints, drafts):
+    ck = checkpoints["qwen3"]
+    llm = make(ck, speculative_config=spec(drafts["qwen3"]))
+    params = SamplingParams(temperature=0.8, top_k=20, seed=7, max_tokens=NEW, ignore_eos=True)
+    first = run(llm, prompts_for(ck)[:4], params)
+    assert run(llm, prompts_for(ck)[:4], params) == first  # the request's own generator
+    assert all(len(out) == NEW and max(out) < 320 for out in first)
+    assert llm.engine.drafter.stats.num_draft_tokens > 0
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
