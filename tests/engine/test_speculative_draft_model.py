@@ -17,6 +17,9 @@ import pytest
 
 from kvserve import LLM, SamplingParams
 from kvserve.cli import main
+from kvserve.engine.engine_args import EngineArgs
+from kvserve.engine.llm_engine import LLMEngine
+from kvserve.engine.model_free_runner import ModelFreeRunner
 from tests._shared import saved_once, shared_dir
 from tests.conftest import ARCHS, COMMON, Checkpoint
 from tests.engine.test_speculative import NEW, assert_drafted, cycle, make, prompts_for, run
@@ -115,6 +118,9 @@ def test_bad_draft_models_are_refused(tmp_path_factory, checkpoints, bamba_check
         make(bamba_checkpoint, speculative_config=spec(drafts["llama"]))
     with pytest.raises(ValueError, match=r"draft model keeps Mamba state"):
         make(ck, speculative_config=spec(bamba_checkpoint.path))
+    args = EngineArgs(block_size=4, speculative_config=spec(ck.path))
+    with pytest.raises(ValueError, match=r"needs a model runner.*ModelFreeRunner"):
+        LLMEngine.from_runner(ModelFreeRunner(num_blocks=64, hash_block_size=4), args)
 
 
 @pytest.mark.parametrize(
