@@ -113,8 +113,10 @@ class EngineArgs:
         metadata=_help("speculative decoding: vLLM's keys as JSON (in Python also a dict), e.g. "
                        "'{\"method\": \"ngram\", \"num_speculative_tokens\": 3, "
                        "\"prompt_lookup_max\": 4}' (prompt lookup: drafts copied from the "
-                       "sequence's earlier tokens, verified in one step; greedy output is "
-                       "unchanged); default: off"),
+                       "sequence's earlier tokens) or '{\"method\": \"draft_model\", "
+                       "\"model\": \"PATH\", \"num_speculative_tokens\": 3}' (a smaller "
+                       "checkpoint sharing the tokenizer drafts); drafts are verified in one "
+                       "step, greedy output is unchanged; default: off"),
     )  # fmt: skip
     offload: str | None = field(
         default=None,
@@ -150,4 +152,10 @@ class EngineArgs:
         if self.speculative_config is not None:
             from kvserve.engine.speculative import SpeculativeConfig
 
-            SpeculativeConfig.from_any(self.speculative_config)  # the engine reads it again
+            spec = SpeculativeConfig.from_any(self.speculative_config)  # read again later
+            if spec.method == "draft_model" and self.offload is not None:
+                raise ValueError(
+                    "speculative_config: method 'draft_model' with offload tiers is not "
+                    "supported: the draft model's K/V does not travel to the tiers (use "
+                    "method 'ngram', or no offload)"
+                )

@@ -13,7 +13,7 @@ from typing import Any
 
 from kvserve.batch import Runner
 from kvserve.engine.content_tracker import tracker_for
-from kvserve.engine.drafter import Drafter
+from kvserve.engine.drafter import Drafter, draft_model_for, draft_model_path
 from kvserve.engine.engine_args import EngineArgs
 from kvserve.engine.engine_stats import EngineStats
 from kvserve.engine.grammar import EngineGrammars
@@ -58,6 +58,7 @@ class LLMEngine:
             max_num_seqs=args.max_num_seqs,
             warmup=args.warmup,
             enforce_eager=args.enforce_eager,
+            draft_model=draft_model_path(args.speculative_config),
         )
         self._setup(runner, args)
 
@@ -97,6 +98,8 @@ class LLMEngine:
         self.logprobs = LogprobsRecorder(self.tokenizer)
         self.drafter = Drafter.build(args.speculative_config, runner.kv_cache_specs)
         """Speculative decoding (kvserve.engine.drafter); None when it is off."""
+        self.draft_model = draft_model_for(self.drafter, runner, max_model_len)
+        """method "draft_model": the draft (kvserve.model.draft_model); None otherwise."""
         self.scheduler = Scheduler(
             self.manager,
             SchedulerConfig(
@@ -285,7 +288,7 @@ class LLMEngine:
             self.kv_events.close()
             self.kv_events = None
         self.grammars.close()
-        self.runner.release()
+        self.runner.release()  # its draft model's too
 
     def _check_open(self) -> None:
         if self.closed:
@@ -356,6 +359,9 @@ class LLMEngine:
         the logprobs it reports go to their requests. Returns the sampled tokens, the
         requests whose rows failed (request id -> why) and the drafts each accepted."""
         chunks = out.seq_chunks(self.manager)
+        if self.draft_model is not None:  # its tokens replace the PENDING_DRAFT slots
+            for i, drafts in self.draft_model.propose(chunks).items():
+                out.chunks[i].draft_token_ids = chunks[i].draft_token_ids = drafts
         tiers = self.tiers
         if tiers is not None:
             tiers.load()

@@ -1,10 +1,12 @@
 """Speculative decoding's settings as vLLM spells them, and each request's back-off.
 
 `speculative_config` takes vLLM's keys (`method`, `num_speculative_tokens`,
-`prompt_lookup_min`, `prompt_lookup_max`, `disable_by_batch_size`) as a
-dict, its JSON text or a `SpeculativeConfig`. Only `method: "ngram"`
-(prompt lookup, kvserve.engine.ngram) is built; a draft model is refused by
-name. The drafts are verified by the target model in one step
+`prompt_lookup_min`, `prompt_lookup_max`, `disable_by_batch_size`, and
+`model` for a draft model) as a dict, its JSON text or a `SpeculativeConfig`.
+Two methods are built: `"ngram"` (prompt lookup, kvserve.engine.ngram) and
+`"draft_model"` (a smaller checkpoint sharing the target's tokenizer,
+kvserve.model.draft_model); EAGLE, Medusa and MTP heads are refused by name.
+The drafts are verified by the target model in one step
 (kvserve.model.sampling.speculative), so greedy output is the output without
 speculation, token for token.
 
@@ -21,13 +23,12 @@ from typing import Any
 
 import msgspec
 
-METHODS = ("ngram",)
+METHODS = ("ngram", "draft_model")
 REFUSED_METHODS = {
-    "draft_model": "a draft model is not built yet (issue 33): use method 'ngram'",
-    "eagle": "EAGLE heads are not supported: use method 'ngram'",
-    "eagle3": "EAGLE heads are not supported: use method 'ngram'",
-    "medusa": "Medusa heads are not supported: use method 'ngram'",
-    "mtp": "multi-token prediction heads are not supported: use method 'ngram'",
+    "eagle": "EAGLE heads are not supported: use method 'ngram' or 'draft_model'",
+    "eagle3": "EAGLE heads are not supported: use method 'ngram' or 'draft_model'",
+    "medusa": "Medusa heads are not supported: use method 'ngram' or 'draft_model'",
+    "mtp": "multi-token prediction heads are not supported: use method 'ngram' or 'draft_model'",
 }
 DEFAULT_DISABLE_BY_BATCH_SIZE = 4
 """kvserve's default: more running requests than this and no request drafts (on the
@@ -47,6 +48,8 @@ class SpeculativeConfig:
     """Longest suffix looked up first (the longest match proposes)."""
     disable_by_batch_size: int | None = None
     """No drafts while more requests than this run (None: kvserve's default, 4)."""
+    model: str | None = None
+    """method "draft_model": the draft checkpoint (a path, as the target's is given)."""
 
     def __post_init__(self) -> None:
         if self.method in REFUSED_METHODS:
@@ -67,6 +70,12 @@ class SpeculativeConfig:
                 "speculative_config: prompt_lookup_min must be <= prompt_lookup_max, got "
                 f"{self.prompt_lookup_min} > {self.prompt_lookup_max}"
             )
+        if self.method == "draft_model" and not self.model:
+            raise ValueError("speculative_config: method 'draft_model' needs 'model', the "
+                             "draft checkpoint's path")  # fmt: skip
+        if self.method != "draft_model" and self.model is not None:
+            raise ValueError(f"speculative_config: 'model' is read by method 'draft_model' "
+                             f"only, not by {self.method!r}")  # fmt: skip
         limit = self.disable_by_batch_size
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
             raise ValueError(f"speculative_config: disable_by_batch_size must be an integer, "
@@ -93,6 +102,8 @@ class SpeculativeConfig:
         method = raw.get("method")
         if isinstance(method, str) and method in REFUSED_METHODS:  # before its other keys
             raise ValueError(f"speculative_config: method {method!r}: {REFUSED_METHODS[method]}")
+        if "model" in raw and "method" not in raw:  # vLLM: a model alone is a draft model
+            raw = {**raw, "method": "draft_model"}
         unknown = sorted(set(raw) - {f.name for f in fields(cls)})
         if unknown:
             raise ValueError(f"speculative_config: unknown key(s) {', '.join(unknown)}")

@@ -28,7 +28,9 @@ from kvserve.kvcache.specs import (
 )
 from kvserve.model.attention.step_metadata import check_backend, step_metadata
 from kvserve.model.checkpoint.tokenizer import load_tokenizer
+from kvserve.model.chunk_check import check_chunk
 from kvserve.model.device import CPU_FLOAT16_WARNING, default_device, resolve_device, resolve_dtype
+from kvserve.model.draft_model import DraftModel
 from kvserve.model.loader import load_model
 from kvserve.model.memory.kv_layout import layer_caches, layer_kv_specs
 from kvserve.model.memory.kv_memory import allocate_kv_caches, cpu_kv_cache_memory, num_blocks_for
@@ -67,6 +69,7 @@ class ModelRunner:
         max_num_seqs: int = 256,
         warmup: bool = True,
         enforce_eager: bool = False,
+        draft_model: str | Path | None = None,
     ) -> None:
         """`num_threads` (CPU only, process-wide): default $OMP_NUM_THREADS, else one per
         physical core this process may use (kvserve.model.threads says why).
@@ -76,7 +79,9 @@ class ModelRunner:
         device's memory after the weights and the activation peak of the largest step
         (kvserve.model.memory.pool_size); `warmup` runs dummy steps at start on an accelerator
         (kvserve.model.memory.warmup). On CUDA with the "triton" backend decode steps replay CUDA
-        graphs captured at start unless `enforce_eager` (kvserve.model.attention.decode_graphs)."""
+        graphs captured at start unless `enforce_eager` (kvserve.model.attention.decode_graphs).
+        `draft_model`: speculative decoding's draft checkpoint, loaded before the pool is
+        sized, whose K/V takes its share of every block (kvserve.model.draft_model)."""
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.model_dir = Path(model_dir)
@@ -111,6 +116,10 @@ class ModelRunner:
         self.eos_token_ids: set[int] = set(self.config.eos_token_ids)
         self.max_model_len: int = self.config.max_position_embeddings
         self.vocab_size: int = self.config.vocab_size
+        self.draft = None if draft_model is None else DraftModel(draft_model, self)
+        """Speculative decoding's draft model, its K/V by this pool's block ids; None without."""
+        if self.draft is not None:
+            self.bytes_per_block += self.draft.page_bytes
         self._generators: dict[str, torch.Generator] = {}
         self._default_generator = torch.Generator(device=self.device)
         self._default_generator.manual_seed(seed)
@@ -154,6 +163,8 @@ class ModelRunner:
         if self.device.type == "cpu":  # said once the model loaded: a load error stays one line
             logger.info("CPU: %d thread(s)", torch.get_num_threads())
         self.kv_tensors, self.kv_caches = self.allocate_pool(num_blocks)
+        if self.draft is not None:
+            self.draft.allocate(num_blocks)
         if warmup and self.device.type != "cpu":  # kvserve.model.memory.warmup says why
             from kvserve.model.memory.warmup import warm_up
 
@@ -195,6 +206,8 @@ class ModelRunner:
         self.kv_caches.clear()
         self.decode_graphs = None  # its graphs hold their own memory pool
         self.model = None
+        if self.draft is not None:
+            self.draft.release()
         self._generators.clear()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -220,7 +233,7 @@ class ModelRunner:
         input_ids: list[int] = []
         positions: list[int] = []
         for chunk in chunks:
-            self._check(chunk)
+            check_chunk(self, chunk)
             input_ids.extend(chunk.new_token_ids)
             positions.extend(range(chunk.plan.start, chunk.plan.end))
         device = self.device
@@ -350,46 +363,3 @@ class ModelRunner:
         if not params.ignore_eos:
             banned |= self.eos_token_ids
         return {t for t in banned if t < self.vocab_size}
-
-    def _check(self, chunk: SeqChunk) -> None:
-        """Reject a malformed chunk with a message that names the request."""
-        plan = chunk.plan
-        rid = chunk.request_id
-        if plan.start < 0:
-            raise ValueError(f"request {rid}: negative start_pos {plan.start}")
-        ids = chunk.new_token_ids
-        if not ids or plan.num_tokens < 1:
-            raise ValueError(f"request {rid}: a chunk needs at least one token")
-        if len(ids) != plan.num_tokens:
-            raise ValueError(f"request {rid}: the plan covers tokens the request does not have")
-        if min(ids) < 0 or max(ids) >= self.vocab_size:
-            raise ValueError(f"request {rid}: token ids must be in [0, {self.vocab_size})")
-        end = plan.end
-        if len(plan.block_ids) != len(self.kv_cache_specs):
-            raise ValueError(
-                f"request {rid}: {len(plan.block_ids)} block tables for "
-                f"{len(self.kv_cache_specs)} KV cache groups"
-            )
-        if self.state_groups:
-            plans = plan.state_plans
-            if plans is None or len(plans) != len(self.kv_cache_specs):
-                raise ValueError(f"request {rid}: state groups need state plans")
-            for g in self.state_groups:
-                state = plans[g]
-                if state is None or not state.state_out:
-                    raise ValueError(f"request {rid}: group {g} has no state page")
-                pages = [state.state_in, state.state_out, *(p for _, p in state.snapshots)]
-                if any(p < 0 or p >= self.num_blocks for p in pages):
-                    raise ValueError(
-                        f"request {rid}: state pages must be in [0, {self.num_blocks})"
-                    )
-        for g, table in enumerate(plan.block_ids):
-            if g in self.state_groups:
-                continue
-            if len(table) * self.block_size < end:
-                raise ValueError(
-                    f"request {rid}: block table of {len(table)} blocks "
-                    f"cannot hold {end} tokens (block size {self.block_size})"
-                )
-            if any(b < 0 or b >= self.num_blocks for b in table):
-                raise ValueError(f"request {rid}: block ids must be in [0, {self.num_blocks})")

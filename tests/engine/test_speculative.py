@@ -161,7 +161,7 @@ def test_hybrid_state_models_refuse_speculation(bamba_checkpoint):
 @pytest.mark.parametrize(
     ("config", "match"),
     [
-        ({"method": "draft_model", "model": "x"}, "draft model is not built"),
+        ({"method": "medusa"}, "Medusa heads are not supported"),
         ({"method": "ngram", "prompt_lookup_min": 5, "prompt_lookup_max": 2}, "prompt_lookup_min"),
         ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
         ({"method": "ngram", "lookahead": 2}, r"unknown key.*lookahead"),

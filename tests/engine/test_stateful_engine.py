@@ -11,7 +11,8 @@ empty and no block was ever held twice.
 The same machine runs again with speculative decoding (prompt lookup) on
 prompts that repeat short cycles, so drafts are accepted and rejected while
 requests share blocks, hit, get preempted and abort; the KV cache's
-invariants are checked after every step.
+invariants are checked after every step. And once more with the model as its
+own draft model: every draft must be accepted.
 """
 
 from __future__ import annotations
@@ -59,6 +60,18 @@ def test_random_schedules_with_speculative_decoding(checkpoints):
     run_machine(checkpoints["qwen3"], llm, 2 * NEW, cycle_prompt, max_examples=20)
     drafted = llm.engine.drafter.stats
     assert 0 < drafted.num_accepted_tokens < drafted.num_draft_tokens
+
+
+def test_random_schedules_with_the_model_as_its_own_draft(checkpoints):
+    """A draft model equal to the target must have every draft accepted, whatever the
+    schedule: its K/V is right wherever the target's is (hits, shares, preemptions)."""
+    ck = checkpoints["llama"]
+    spec = {"method": "draft_model", "model": ck.path, "num_speculative_tokens": 3,
+            "disable_by_batch_size": 12}  # fmt: skip
+    llm = make(ck, speculative_config=spec)
+    run_machine(ck, llm, 2 * NEW, cycle_prompt, max_examples=8)
+    drafted = llm.engine.drafter.stats
+    assert 0 < drafted.num_accepted_tokens == drafted.num_draft_tokens
 
 
 def run_machine(ck, llm: LLM, new: int, prompt, max_examples: int) -> None:
