@@ -112,9 +112,25 @@ class FullAttentionGroup:
         registration id now standing for each block (0 once the chain broke):
         the anchors other groups verify against.
         """
-        held = seq.kv_blocks[self.group_id]
-        parent = held[start - 1].cache_id if start else ROOT_CACHE_ID
-        return self._register(seq, start, end, None, parent)
+        return self._register(seq, start, end, None, self._parent_of(seq, start))
+
+    def _parent_of(self, seq: CacheSequence, start: int) -> int:
+        """The registration block `start` chains to: that of the block before it as it
+        stands after this step's late merges.
+
+        A merge queued in this step swaps in the cached copy only at `end_step`;
+        blocks that accepted drafts fill are registered before that
+        (`accept_tokens`), and must chain to the copy, exactly as the next
+        step's allocation would. Chained to the request's own unregistered
+        block, an identical sequence's blocks looked like a collision: never
+        merged (a duplicate held) and never indexed (a later hit short).
+        """
+        if not start:
+            return ROOT_CACHE_ID
+        for group_id, i, copy in seq.merges:
+            if i == start - 1 and group_id == self.group_id:
+                return copy.cache_id
+        return seq.kv_blocks[self.group_id][start - 1].cache_id
 
     def _register(
         self,
@@ -326,10 +342,9 @@ class SlidingWindowGroup(FullAttentionGroup):
     ) -> list[int]:
         """Register like full attention, each block anchored to the full-attention block."""
         if anchors is None:
-            held = seq.kv_blocks[self.group_id]
-            parent = (
-                held[start - 1].cache_id if start and held[start - 1].cache_id else ROOT_CACHE_ID
-            )
+            # Windows alone: a block released out of the window (the null block) chains
+            # like a first block.
+            parent = self._parent_of(seq, start) or ROOT_CACHE_ID
             return self._register(seq, start, end, None, parent)
         return self._register(seq, start, start + len(anchors), anchors, ROOT_CACHE_ID)
 

@@ -1,7 +1,7 @@
 """The map's invariants as a checker: tests and `simulate --check` call it.
 
-docs/design.md numbers the invariants; this module checks 1, 2, 3, 6 and 7
-on the manager's own records (every request it tracks). 4, 5, 8, 9, 10 and
+docs/design.md numbers the invariants; this module checks 1, 2, 3, 6, 7, 12
+and 13 on the manager's own records (every request it tracks). 4, 5, 8, 9, 10 and
 11 are properties of a sequence of calls, not of one state: tests cover them.
 """
 
@@ -131,6 +131,12 @@ def check_invariants(
             manager.hasher.extend(seq.block_hashes, seq.token_ids, seq.extra_keys)
         if between_steps and seq.transient:
             raise InvariantError(f"{seq.request_id}: step-only blocks held between steps")
+        # 6. hashes are of the token list, which holds accepted tokens only (never a
+        # draft): those not yet tied to a registered block are hashed again here.
+        fresh = seq.block_hashes[: seq.num_cached_blocks]
+        manager.hasher.extend(fresh, seq.token_ids, seq.extra_keys)
+        if seq.block_hashes != fresh:
+            raise InvariantError(f"{seq.request_id}: a block hash is not its tokens' hash")
         for group, table in zip(manager.groups, seq.kv_blocks, strict=True):
             k = group.block_size // bs
             for m, block in enumerate(table):
@@ -180,6 +186,13 @@ def check_invariants(
                 first = max(0, computed - group.window + 1) // bs
                 if any(not b.block_id for b in table[first:]):
                     raise InvariantError(f"{seq.request_id}: a block inside the window is gone")
+        # The tiers get what the last plan calls cacheable: never a draft's block.
+        offered = manager.step_plan(seq.request_id).num_cacheable_blocks
+        if between_steps and offered * bs > computed:
+            raise InvariantError(
+                f"{seq.request_id}: {offered} blocks offered to the tiers, "
+                f"past its {computed} computed tokens"
+            )
     # 7. identical full blocks are never held twice.
     if manager.enable_caching:
         duplicates = count_duplicate_blocks(manager, num_computed)

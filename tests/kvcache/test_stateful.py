@@ -157,11 +157,12 @@ SETTINGS = settings(
     stateful_step_count=50,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-    # The same examples on every run: a failure is one the suite reproduces, never a run's
-    # bad luck. Issue 33 (open) has a known bug these drafts find on other examples: two
-    # identical sequences whose accepted drafts fill equal blocks hold a duplicate block.
-    # Search further with derandomize=False and `pytest --hypothesis-seed=7`.
-    derandomize=True,
+    # Random search, a new seed each run: the fixed examples never found issue 33's bug
+    # (identical sequences whose accepted drafts fill equal blocks held a duplicate; now
+    # pinned in test_lookahead.py), other seeds did. Green on seeds 0-9 and derandomized;
+    # a failure names its seed: rerun it with `pytest --hypothesis-seed=N`, fix the cause
+    # and pin the case as a plain test.
+    derandomize=False,
 )
 
 TestCacheMachine = CacheMachine.TestCase
