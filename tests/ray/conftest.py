@@ -1,6 +1,7 @@
 """A real local Ray cluster of two nodes on loopback (Ray's own test utilities), with kvserve
-replicas deployed on it through Ray Serve. Ray is started once per test module and always
-shut down, whatever the tests did."""
+replicas deployed on it through Ray Serve: applications of `kvserve.ray:app`, each at its own
+route prefix, all started at once. Ray is started once per test module and always shut
+down, whatever the tests did."""
 
 from __future__ import annotations
 
