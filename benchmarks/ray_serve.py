@@ -6,7 +6,9 @@ replicas of the checkpoint (the tiny demo one by default, `--model PATH` for a r
 `--threads` each. Every target gets fresh replicas (empty caches), is warmed up, then takes
 serve_load.py's multi-turn chats (`--chats` chats x `--turns` turns, a first message of
 about `--first-tokens` tokens, then `--turn-tokens`, each turn the whole history, all chats
-at once, `--max-tokens` greedy tokens an answer, streamed):
+at once, `--max-tokens` greedy tokens an answer, streamed; with `--rounds`, in rounds, as
+tests/ray sends them: every chat's next turn at once, in a shuffled order, once all the
+turns before are answered):
 
 - `Ray Serve, kvserve router`: `kvserve.ray:app` as `serve run` deploys it;
 - `Ray Serve, default router`: the same, `request_router=serve-default` (Serve's
@@ -40,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from serve_load import Conversation, Run, Target, run_workload, summarize
+from serve_load import Conversation, Run, Target, run_rounds, run_workload, summarize
 from serve_load import Workload as LoadWorkload
 from serve_load import multi_turn as chat_workload
 from serve_targets import Process, child_env, free_port, kvserve_process, note, warm_up_prompt
@@ -99,6 +101,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--latency-requests", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rounds", action="store_true", help="chats in rounds, not a closed loop")
     return p.parse_args()
 
 
@@ -208,8 +211,11 @@ def measure(url: str, workload: LoadWorkload, args: argparse.Namespace, ours: bo
     asyncio.run(run_workload(target, warm, 1, 4, float("inf"), 0))
     before = router_totals(url) if ours else {}
     note(f"  {url}: {len(workload.jobs)} chats x {args.turns} turns")
+    jobs = len(workload.jobs)
     run: Run = asyncio.run(
-        run_workload(target, workload, len(workload.jobs), args.max_tokens, float("inf"), args.seed)
+        run_rounds(target, workload, args.max_tokens, args.seed)
+        if args.rounds
+        else run_workload(target, workload, jobs, args.max_tokens, float("inf"), args.seed)
     )
     summary = summarize([run])
     if ours:
@@ -281,7 +287,7 @@ def print_tables(
         f"{args.replicas} replicas on {args.nodes} Ray nodes, {args.threads} thread(s) each, "
         f"{Path(args.model).name}; {args.chats} chats x {args.turns} turns (first message "
         f"~{args.first_tokens} tokens, then {args.turn_tokens}), {args.max_tokens} greedy "
-        "tokens an answer, all chats at once\n"
+        f"tokens an answer, all chats at once{' in rounds' if args.rounds else ''}\n"
     )
     base = results[DEFAULT]
     print("| target | cached share | ÷ default | TTFT p50 ms | ÷ default | TTFT p99 ms | ÷ default "

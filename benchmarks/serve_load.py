@@ -274,6 +274,43 @@ async def run_workload(
     return Run(results, wall)
 
 
+async def run_rounds(target: Target, workload: Workload, max_tokens: int, seed: int) -> Run:
+    """Replay a workload of conversations in rounds: every conversation's next turn at once,
+    in a seeded shuffled order, the next round when all are answered (users who all reply
+    after reading). Unlike run_workload's closed loop, no turn goes out the moment its
+    previous answer frees a slot on the replica that gave it, where a router that chooses
+    by load alone would send it back by chance."""
+    chats = [job for job in workload.jobs if isinstance(job, Conversation)]
+    if len(chats) != len(workload.jobs):
+        raise ValueError(f"{workload.name}: rounds are for conversations only")
+    rng = random.Random(f"rounds-{seed}")
+    params = {"max_tokens": max_tokens, "temperature": 0}
+    histories: list[list[dict[str, str]]] = [
+        [{"role": "system", "content": c.system}] for c in chats
+    ]
+    results: list[list[Result]] = [[] for _ in chats]
+    async with httpx.AsyncClient(timeout=httpx.Timeout(3600.0)) as client:
+        start = time.perf_counter()
+        for turn in range(max(len(c.user_messages) for c in chats)):
+            order = [
+                k for k, c in enumerate(chats)
+                if turn < len(c.user_messages) and not any(r.error for r in results[k])
+            ]  # fmt: skip
+            rng.shuffle(order)
+            for k in order:
+                histories[k].append({"role": "user", "content": chats[k].user_messages[turn]})
+            path = "/v1/chat/completions"
+            answers = await asyncio.gather(
+                *(stream(client, target, path, {**params, "messages": list(histories[k])})
+                  for k in order)
+            )  # fmt: skip
+            for k, r in zip(order, answers, strict=True):
+                results[k].append(r)
+                histories[k].append({"role": "assistant", "content": r.text})
+        wall = time.perf_counter() - start
+    return Run(results, wall)
+
+
 # -- figures -----------------------------------------------------------------------
 
 

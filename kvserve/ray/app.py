@@ -23,7 +23,6 @@ from kvserve.ray.replica import KVServeReplica
 ENGINE = "kvserve-engine"
 INGRESS = "kvserve-ingress"
 ROUTER_CLASS = "kvserve.ray.router:KVServeRequestRouter"
-SERVE_ROUTER_CLASS = "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter"
 
 
 def app(args: dict[str, Any]) -> Application:
@@ -33,9 +32,7 @@ def app(args: dict[str, Any]) -> Application:
 
 def build_app(options: RayOptions) -> Application:
     router: dict[str, Any] = {"request_routing_stats_period_s": options.routing_stats_period_s}
-    if options.request_router == SERVE_DEFAULT:
-        router["request_router_class"] = SERVE_ROUTER_CLASS
-    else:
+    if options.request_router != SERVE_DEFAULT:  # else Serve's default router, named by Serve
         router["request_router_class"] = ROUTER_CLASS
         router["request_router_kwargs"] = {"policy": options.policy}
     engine_options: dict[str, Any] = {
@@ -48,6 +45,8 @@ def build_app(options: RayOptions) -> Application:
         engine_options["autoscaling_config"] = options.autoscaling_config
     if options.num_replicas is not None:
         engine_options["num_replicas"] = options.num_replicas
+    if options.health_check_period_s is not None:
+        engine_options["health_check_period_s"] = options.health_check_period_s
     engine = _deployment(KVServeReplica).options(**engine_options)
     ingress = _deployment(KVServeIngress).options(
         name=INGRESS,

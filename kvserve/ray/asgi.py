@@ -27,9 +27,26 @@ ABORT_GRACE_SECONDS = 2.0
 """After the caller left: time for the app to hear it and abort its request."""
 
 
+def app_path(scope: Mapping[str, Any]) -> str:
+    """The request's path under the application's route prefix (Serve's proxy keeps the whole
+    path and puts the prefix in `root_path`): `/v1/chat/completions` whatever the prefix."""
+    path, root = str(scope.get("path", "")), str(scope.get("root_path", "")).rstrip("/")
+    if not root or not (path == root or path.startswith(f"{root}/")):
+        return path
+    return path[len(root) :] or "/"
+
+
 def forwarded_scope(scope: Mapping[str, Any]) -> dict[str, Any]:
-    """Plain data for the call: the request line and headers, the client's address."""
+    """Plain data for the call: the request line and headers, the client's address. The path
+    is the application's own (app_path): the replica's app and the request router know
+    nothing of where Serve mounted it."""
     out = {key: scope[key] for key in SCOPE_KEYS if key in scope}
+    root = str(scope.get("root_path", "")).rstrip("/")
+    if root and "path" in out:
+        out["path"] = app_path(scope)
+        raw = out.get("raw_path")
+        if isinstance(raw, bytes) and out["path"] != scope["path"]:
+            out["raw_path"] = raw[len(root.encode()) :] or b"/"
     out["headers"] = [(bytes(k), bytes(v)) for k, v in scope.get("headers", ())]
     out.update(type="http", asgi={"version": "3.0"}, root_path="")
     if scope.get("client"):

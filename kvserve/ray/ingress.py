@@ -26,7 +26,7 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.requests import Request
 from starlette.types import Message
 
-from kvserve.ray.asgi import forwarded_scope
+from kvserve.ray.asgi import app_path, forwarded_scope
 from kvserve.ray.book import BOOK
 from kvserve.router.errors import error
 from kvserve.router.forward import HOP_BY_HOP, CachedTokens
@@ -46,7 +46,7 @@ class KVServeIngress:
         self.max_request_bytes = max_request_bytes
 
     async def __call__(self, request: Request) -> Response:
-        if request.url.path == "/metrics" and request.method == "GET":
+        if app_path(request.scope) == "/metrics" and request.method == "GET":
             return Response(BOOK.render(), media_type=CONTENT_TYPE_LATEST)
         body = bytearray()
         async for chunk in request.stream():  # no more than the replicas take: they say 413

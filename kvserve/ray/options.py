@@ -49,6 +49,9 @@ class RayOptions:
     routing_stats_period_s: float = 1.0
     """How often Serve asks each replica where its KV events are (a replica restarted
     is followed within about this long)."""
+    health_check_period_s: float | None = None
+    """How often Serve checks each replica (Serve's default: 10 s); a replica whose actor
+    died is found, and replaced, at its next check."""
     ingress_replicas: int = 1
     ingress_ray_actor_options: dict[str, Any] = field(default_factory=lambda: {"num_cpus": 0})
     max_request_bytes: int = 0
@@ -62,8 +65,8 @@ def ray_options(args: dict[str, Any]) -> RayOptions:
     replicas_given = "num_replicas" in args
     for name in (
         "num_replicas", "autoscaling_config", "ray_actor_options", "max_ongoing_requests",
-        "request_router", "policy", "routing_stats_period_s", "ingress_replicas",
-        "ingress_ray_actor_options",
+        "request_router", "policy", "routing_stats_period_s", "health_check_period_s",
+        "ingress_replicas", "ingress_ray_actor_options",
     ):  # fmt: skip
         if name in args:
             setattr(options, name, _deployment_value(name, args.pop(name)))
@@ -98,7 +101,7 @@ def _deployment_value(name: str, value: Any) -> Any:
     if name == "num_replicas" and value == "auto":
         return value
     try:
-        number = float(value) if name == "routing_stats_period_s" else int(value)
+        number = float(value) if name.endswith("_period_s") else int(value)
     except (TypeError, ValueError):
         raise ValueError(f"{name} must be a number, got {value!r}") from None
     if number <= 0 and name != "ingress_replicas":

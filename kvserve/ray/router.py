@@ -39,6 +39,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+# Serve's default router, for the fallback: the one private name kvserve uses (Ray exports
+# the router API but not its default router; Ray's own experimental routers fall back the
+# same way). The `ray[serve]` pin in pyproject moves with tests/ray.
 from ray.serve._private.request_router.pow_2_router import PowerOfTwoChoicesRequestRouter
 from ray.serve.request_router import (
     LocalityMixin,

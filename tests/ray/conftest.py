@@ -1,6 +1,7 @@
 """A real local Ray cluster of two nodes on loopback (Ray's own test utilities), with kvserve
-replicas deployed on it through Ray Serve. Ray is started once per test module and always
-shut down, whatever the tests did."""
+replicas deployed on it through Ray Serve: applications of `kvserve.ray:app`, each at its own
+route prefix, all started at once. Ray is started once per test module and always shut
+down, whatever the tests did."""
 
 from __future__ import annotations
 
@@ -25,9 +26,14 @@ ENGINE = {"num_kv_blocks": 1024, "num_threads": 1}
 
 @dataclass(slots=True)
 class RayServe:
+    """One application on Serve's proxy."""
+
     url: str
-    """Serve's HTTP proxy."""
+    """Its route on Serve's HTTP proxy."""
     model: str
+    name: str
+    args: dict[str, Any]
+    """The builder's arguments it was deployed with."""
 
     def total(self, name: str) -> float:
         values = scrape(self)
@@ -60,20 +66,18 @@ def demo(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[Any]:
-    """Two Ray nodes (one CPU each) on loopback; Serve's proxy on the head only."""
+    """Two Ray nodes on loopback, Serve's proxy on the head only; three CPUs, two on the head:
+    the places of three replicas that take one each (no Ray log monitor, no autoscaler)."""
     from ray.cluster_utils import Cluster
 
+    node = {"object_store_memory": OBJECT_STORE_BYTES, "include_log_monitor": False}
     cluster = Cluster(
         initialize_head=True,
-        head_node_args={
-            "num_cpus": 1,
-            "object_store_memory": OBJECT_STORE_BYTES,
-            "include_dashboard": False,
-        },
+        head_node_args={**node, "num_cpus": 2, "include_dashboard": False, "no_monitor": True},
     )
     try:
-        # joins while Serve starts on the head (the second replica waits for it)
-        cluster.add_node(wait=False, num_cpus=1, object_store_memory=OBJECT_STORE_BYTES)
+        # joins while Serve starts on the head
+        cluster.add_node(wait=False, num_cpus=1, **node)
         ray.init(address=cluster.address, logging_level="warning", log_to_driver=False)
         yield cluster
     finally:  # the nodes' processes go with them (Serve's actors included)
@@ -83,26 +87,35 @@ def ray_cluster() -> Iterator[Any]:
             cluster.shutdown()
 
 
-def deploy(cluster: Any, demo: str, name: str, **args: Any) -> RayServe:
-    """`kvserve.ray:app` with these arguments as application `name` on a fresh Serve
-    proxy port; returns once every replica's events are followed (kvserve's router)."""
+def deploy(demo: str, apps: dict[str, dict[str, Any]]) -> dict[str, RayServe]:
+    """`kvserve.ray:app` with each of these arguments, as the application of that name at
+    `/name` on a fresh Serve proxy port, all deployed at once (their replicas start
+    together); returns once the kvserve router follows every replica's events."""
+    from ray import serve
+
+    port = free_port()
+    serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
+    served = {
+        name: RayServe(
+            f"http://127.0.0.1:{port}/{name}", demo, name, {"model": demo, **ENGINE, **args}
+        )
+        for name, args in apps.items()
+    }
+    serve.run_many([_target(s) for s in served.values()])
+    for s in served.values():
+        _wait_followed(s)
+    return served
+
+
+def _target(served: RayServe) -> Any:
     from ray import serve
 
     from kvserve.ray import app
 
-    port = free_port()
-    serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
-    args = {
-        "model": demo,
-        "num_replicas": 2,
-        "ray_actor_options": {"num_cpus": 1},
-        **ENGINE,
-        **args,
-    }
-    application = app(args)
-    serve.run(application, name=name, route_prefix="/")
-    served = RayServe(f"http://127.0.0.1:{port}", demo)
-    if args.get("request_router", "kvserve") == "kvserve":
-        replicas = args["num_replicas"]
-        wait_for(lambda: len(served.followed()) == replicas, 30, "the replicas' KV events")
-    return served
+    return serve.RunTarget(app(served.args), name=served.name, route_prefix=f"/{served.name}")
+
+
+def _wait_followed(served: RayServe) -> None:
+    if served.args.get("request_router", "kvserve") == "kvserve":
+        replicas = served.args["num_replicas"]
+        wait_for(lambda: len(served.followed()) == replicas, 60, f"{replicas} replicas' KV events")

@@ -51,6 +51,7 @@ def test_every_engine_option_by_name_and_deployment_options_pass_through():
             "enable_prefix_caching": "false",
             "kv_cache_memory": "64MiB",
             "request_router": "serve-default",
+            "health_check_period_s": "2.5",
         }
     )
     _, engine = deployments(built)
@@ -58,8 +59,9 @@ def test_every_engine_option_by_name_and_deployment_options_pass_through():
     assert "--no-prefix-caching" in argv and "--kv-cache-memory=64MiB" in argv
     assert engine.ray_actor_options == {"num_cpus": 2}
     assert engine._deployment_config.autoscaling_config.max_replicas == 3
+    assert engine._deployment_config.health_check_period_s == 2.5
     router = engine._deployment_config.request_router_config
-    assert "PowerOfTwoChoices" in router.request_router_class
+    assert "PowerOfTwoChoices" in router.request_router_class  # Serve's default, unnamed
 
 
 @pytest.mark.parametrize(
@@ -72,6 +74,7 @@ def test_every_engine_option_by_name_and_deployment_options_pass_through():
         ({"num_replicas": 2, "autoscaling_config": {"max_replicas": 2}}, "autoscaling_config"),
         ({"policy": "random"}, "policy"),
         ({"ray_actor_options": "{num_cpus"}, "ray_actor_options"),
+        ({"health_check_period_s": "0"}, "health_check_period_s"),
     ],
 )
 def test_a_bad_argument_is_a_value_error_naming_it(args, named):

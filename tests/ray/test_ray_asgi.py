@@ -1,0 +1,43 @@
+"""What the ingress forwards of a request: its path below Serve's route prefix, so the
+replicas' app and the request router see `/v1/...` wherever the application is mounted
+(test_ray_serve.py serves two applications at `/kvserve` and `/default`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvserve.ray.asgi import app_path, forwarded_scope
+
+pytest.importorskip("ray")
+
+
+@pytest.mark.parametrize(
+    ("path", "root_path", "expected"),
+    [
+        ("/v1/chat/completions", "", "/v1/chat/completions"),  # route_prefix: /
+        ("/llm/v1/chat/completions", "/llm", "/v1/chat/completions"),
+        ("/llm", "/llm", "/"),
+        ("/llm/metrics", "/llm/", "/metrics"),
+        ("/llmx/v1/models", "/llm", "/llmx/v1/models"),  # not below the prefix: as it is
+    ],
+)
+def test_the_path_below_the_route_prefix(path, root_path, expected):
+    assert app_path({"path": path, "root_path": root_path}) == expected
+
+
+def test_the_forwarded_scope_is_the_request_at_the_apps_root():
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/llm/v1/completions",
+        "raw_path": b"/llm/v1/completions",
+        "root_path": "/llm",
+        "query_string": b"a=1",
+        "headers": [(b"content-type", b"application/json")],
+        "client": ["127.0.0.1", 5000],
+        "app": object(),  # what does not travel
+    }
+    out = forwarded_scope(scope)
+    assert out["path"] == "/v1/completions" and out["raw_path"] == b"/v1/completions"
+    assert out["root_path"] == "" and "app" not in out
+    assert out["query_string"] == b"a=1" and out["client"] == ("127.0.0.1", 5000)
