@@ -73,6 +73,11 @@ class ZmqEventPublisher:
     """PUB + ROUTER publisher with a bounded queue and a bounded replay buffer."""
 
     POLL_SECONDS = 0.005
+    """How long the sender waits for a batch while work is about (replays are read in between)."""
+    IDLE_POLL_SECONDS = 0.05
+    """The wait once a second has passed with nothing to send or answer: a batch still wakes
+    the sender at once (the queue), only a replay request waits up to this long. An idle
+    engine's sender then wakes 20 times a second, not 200 (a server idles most of its life)."""
 
     def __init__(
         self,
@@ -166,26 +171,36 @@ class ZmqEventPublisher:
 
     def _run(self) -> None:
         get = self._queue.get
+        idle_polls_before_slowing = round(1.0 / self.POLL_SECONDS)
+        idle = 0
         while not self._stop.is_set():
+            wait = (
+                self.IDLE_POLL_SECONDS if idle >= idle_polls_before_slowing else self.POLL_SECONDS
+            )
             try:
-                seq, batch = get(timeout=self.POLL_SECONDS)
+                seq, batch = get(timeout=wait)
             except queue.Empty:
-                pass
+                idle += 1
             else:
+                idle = 0
                 try:
                     self._send(seq, encode_batch(batch))
                 except Exception:  # never let one bad batch stop the stream
                     logger.exception("KV events: could not send batch %d", seq)
-            self._serve_replays()
+            if self._serve_replays():
+                idle = 0
 
-    def _serve_replays(self) -> None:
-        """Read the waiting replay requests (a bounded number), then send what fits."""
+    def _serve_replays(self) -> bool:
+        """Read the waiting replay requests (a bounded number), then send what fits; whether
+        any replay work was (or still is) about."""
         replay, replies = self._replay, self._replies
         if replay is None or replies is None:
-            return
+            return False
+        busy = replies.pending > 0
         for _ in range(MAX_REQUESTS_PER_TURN):
             if not replay.poll(0):
                 break
+            busy = True
             try:
                 frames = replay.recv_multipart(zmq.NOBLOCK)
                 self._drain()  # the answer covers every batch published before the request
@@ -196,6 +211,7 @@ class ZmqEventPublisher:
             replies.pump()
         except Exception:
             logger.exception("KV events: could not send a replay answer")
+        return busy
 
     def _drain(self) -> None:
         """Send every queued batch, so a replay answers with all published before it."""
