@@ -62,7 +62,9 @@ class Part:
     echo: str = ""
     """The prompt's text, put before each choice's text (`echo`)."""
     finished: bool = False
-    texts: dict[int, str] = field(default_factory=dict)
+    texts: dict[int, list[str]] = field(default_factory=dict)
+    """Per completion, its text as the pieces it came in (joined once, by `text`: adding a
+    delta costs the delta, however long the answer already is)."""
     finish: dict[int, str | None] = field(default_factory=dict)
     stop_reasons: dict[int, int | str | None] = field(default_factory=dict)
     """The stop string or token id that ended each completion (vLLM's `stop_reason`)."""
@@ -78,6 +80,15 @@ class Part:
     """Per completion, where the next streamed token's text starts (completions logprobs)."""
     tool_streams: dict[int, ToolCallStream] = field(default_factory=dict)
     """Per completion, its tool calls read as they stream (chat with tools)."""
+
+    def text(self, index: int) -> str:
+        """Completion `index`'s whole text so far."""
+        pieces = self.texts.get(index)
+        if not pieces:
+            return ""
+        if len(pieces) > 1:
+            pieces[:] = ["".join(pieces)]
+        return pieces[0]
 
 
 @dataclass(slots=True)
@@ -108,7 +119,7 @@ class Job:
         indexed = []
         for c in output.outputs:
             part.generated += len(c.token_ids)
-            part.texts[c.index] = part.texts.get(c.index, "") + c.text
+            part.texts.setdefault(c.index, []).append(c.text)
             part.finish[c.index] = c.finish_reason or part.finish.get(c.index)
             if c.finish_reason is not None:
                 part.stop_reasons[c.index] = c.stop_reason
@@ -151,7 +162,7 @@ class Job:
         choices = []
         for part in self.parts.values():
             for j in range(self.n):
-                text = part.texts.get(j, "")
+                text = part.text(j)
                 finish = part.finish.get(j)
                 reasoning = None
                 if self.reasoning is not None:  # the thinking first; the rest is the answer
@@ -196,7 +207,7 @@ class Job:
                     "logprobs": self._logprobs(
                         part, j, part.token_ids.get(j, []), part.steps.get(j, [])
                     ),
-                    "text": part.echo + part.texts.get(j, ""),
+                    "text": part.echo + part.text(j),
                 }
                 for part in self.parts.values()
                 for j in range(self.n)

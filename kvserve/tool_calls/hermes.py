@@ -11,7 +11,7 @@ the message's content.
 
 from __future__ import annotations
 
-from kvserve.tool_calls.parser import RawCall, ToolParser
+from kvserve.tool_calls.parser import JsonScan, RawCall, ToolParser
 
 START = "<tool_call>"
 END = "</tool_call>"
@@ -25,7 +25,8 @@ class HermesParser(ToolParser):
     call_begin = f"{START}\n"
     call_end = f"}}\n{END}"
 
-    def split(self, text: str) -> tuple[str, list[RawCall]]:
+    def split(self, text: str, scans: list[JsonScan] | None = None) -> tuple[str, list[RawCall]]:
+        """Calls end at their END marker, found by a string search: `scans` are not needed."""
         first = text.find(START)
         if first < 0:
             return text, []

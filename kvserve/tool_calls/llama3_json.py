@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from kvserve.tool_calls.parser import RawCall, ToolParser, json_objects
+from kvserve.tool_calls.parser import JsonScan, RawCall, ToolParser, json_objects
 
 PYTHON_TAG = "<|python_tag|>"
 _START = re.compile(r'<\|python_tag\|>|\{\s*"name"\s*:')
@@ -23,9 +23,9 @@ class Llama3JsonParser(ToolParser):
     separator = "; "
     arguments_key = "parameters"
 
-    def split(self, text: str) -> tuple[str, list[RawCall]]:
+    def split(self, text: str, scans: list[JsonScan] | None = None) -> tuple[str, list[RawCall]]:
         match = _START.search(text)
         if match is None:
             return text, []
         start = match.end() if match.group() == PYTHON_TAG else match.start()
-        return text[: match.start()], json_objects(text, start, ";")
+        return text[: match.start()], json_objects(text, start, ";", scans)

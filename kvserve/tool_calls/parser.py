@@ -60,8 +60,10 @@ class ToolParser:
     call_begin: ClassVar[str] = ""
     """What opens a call before its object (a wrapper's start)."""
 
-    def split(self, text: str) -> tuple[str, list[RawCall]]:
-        """The text before the first call, and the calls (the last may be unfinished)."""
+    def split(self, text: str, scans: list[JsonScan] | None = None) -> tuple[str, list[RawCall]]:
+        """The text before the first call, and the calls (the last may be unfinished).
+        `scans`: a stream's readings of its calls' objects so far, for a format whose
+        calls end where their JSON ends (read on, not again, as the text grows)."""
         raise NotImplementedError
 
     def held_back(self, content: str) -> int:
@@ -106,8 +108,9 @@ class ToolParser:
         return ToolCall(value["name"], json.dumps(arguments, ensure_ascii=False))
 
     @staticmethod
-    def partial(raw: RawCall) -> PartialCall:
-        """A call's name and arguments so far (None / "" until they appear)."""
+    def partial(raw: RawCall, scan: JsonScan | None = None) -> PartialCall:
+        """A call's name and arguments so far (None / "" until they appear); `scan`: the
+        stream's reading of this call's arguments so far (kept by the caller)."""
         match = _NAME.match(raw.text)
         if match is None:
             return PartialCall(None, "", False)
@@ -115,41 +118,78 @@ class ToolParser:
         start = match.end()
         if start >= len(raw.text):
             return PartialCall(name, "", False)
-        end = json_value_end(raw.text, start)
+        end = json_value_end(raw.text, start, scan)
         if end is None:
             return PartialCall(name, raw.text[start:].rstrip(), False)
         return PartialCall(name, raw.text[start:end], True)
 
 
-def json_value_end(text: str, start: int) -> int | None:
+def json_value_end(text: str, start: int, scan: JsonScan | None = None) -> int | None:
     """Just past the JSON object or array that opens at `text[start]`; None while it is
-    still open (strings and escapes followed, so a brace inside a string is text)."""
-    depth = 0
-    in_string = escaped = False
-    for i in range(start, len(text)):
-        c = text[i]
-        if in_string:
-            if escaped:
-                escaped = False
-            elif c == "\\":
-                escaped = True
+    still open (strings and escapes followed, so a brace inside a string is text).
+    `scan`: a stream's reading of the same value in an earlier, shorter text, resumed
+    where it stopped (each character is read once over the whole stream)."""
+    if scan is None:
+        scan = JsonScan()
+    return scan.end_in(text, start)
+
+
+@dataclass(slots=True)
+class JsonScan:
+    """The reading of one JSON value as its text grows (a streamed call's arguments):
+    where it got to and in what state, so the next, longer text is read from there."""
+
+    start: int = -1
+    seen: str = ""
+    """The text read so far (text[:pos]); a text that does not begin with it is read anew."""
+    depth: int = 0
+    in_string: bool = False
+    escaped: bool = False
+    end: int | None = None
+    reads: int = 0
+    """Characters read over the scan's life: the stream's cost (linear in its text)."""
+
+    def end_in(self, text: str, start: int) -> int | None:
+        """`json_value_end(text, start)`, reading only what this scan has not read yet."""
+        if start != self.start or not text.startswith(self.seen):
+            self.start, self.seen, self.end = start, "", None
+            self.depth, self.in_string, self.escaped = 0, False, False
+        if self.end is not None:
+            return self.end
+        depth, in_string, escaped = self.depth, self.in_string, self.escaped
+        first = max(start, len(self.seen))
+        for i in range(first, len(text)):
+            c = text[i]
+            if in_string:
+                if escaped:
+                    escaped = False
+                elif c == "\\":
+                    escaped = True
+                elif c == '"':
+                    in_string = False
             elif c == '"':
-                in_string = False
-        elif c == '"':
-            in_string = True
-        elif c in "{[":
-            depth += 1
-        elif c in "}]":
-            depth -= 1
-            if depth <= 0:
-                return i + 1
-    return None
+                in_string = True
+            elif c in "{[":
+                depth += 1
+            elif c in "}]":
+                depth -= 1
+                if depth <= 0:
+                    self.end = i + 1
+                    break
+        stop = len(text) if self.end is None else self.end
+        self.reads += max(0, stop - first)
+        self.seen = text[:stop]
+        self.depth, self.in_string, self.escaped = depth, in_string, escaped
+        return self.end
 
 
-def json_objects(text: str, start: int, separators: str) -> list[RawCall]:
+def json_objects(
+    text: str, start: int, separators: str, scans: list[JsonScan] | None = None
+) -> list[RawCall]:
     """The JSON objects from `start` on, with only whitespace and `separators` between
-    them; the scan stops at anything else (the last object may be unfinished)."""
-    calls = []
+    them; the scan stops at anything else (the last object may be unfinished). `scans`:
+    the readings of the objects in an earlier, shorter text (one per object, added here)."""
+    calls: list[RawCall] = []
     i = start
     while i < len(text):
         c = text[i]
@@ -158,7 +198,9 @@ def json_objects(text: str, start: int, separators: str) -> list[RawCall]:
             continue
         if c != "{":
             break
-        end = json_value_end(text, i)
+        if scans is not None and len(scans) == len(calls):
+            scans.append(JsonScan())
+        end = json_value_end(text, i, None if scans is None else scans[len(calls)])
         calls.append(RawCall(text[i : end or len(text)], end is not None))
         if end is None:
             break
