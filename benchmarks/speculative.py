@@ -20,7 +20,7 @@ SmolLM2 sibling: every draft is accepted, so the row shows what the
 draft-model machinery costs and the ceiling of its acceptance, not a real
 draft's speed-up), and, when `llama-cpp-python` imports, llama.cpp without and with its
 prompt-lookup drafting (`LlamaPromptLookupDecoding`, 3 draft tokens) on the
-same token ids. Every request is greedy and stops at EOS or `--max-tokens`.
+same token ids, in a process of its own. Every request is greedy and stops at EOS or `--max-tokens`.
 
 Columns: output tokens, wall tok/s (median over `--repeat` runs), CPU
 seconds per output token (this process's user + system time, all its
@@ -40,6 +40,7 @@ import os
 import platform
 import resource
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -172,6 +173,17 @@ def llama_cpp_rows(args, prompts: dict[str, list[list[int]]]) -> dict[tuple[str,
     return rows
 
 
+def llama_cpp_in_own_process() -> dict[tuple[str, str], dict]:
+    """llama.cpp's rows from a fresh process running this script with the same options:
+    after kvserve's engines in the same process its decode ran 2.6x slower (68.8 against
+    26.3 tok/s on the free prompts; two OpenMP runtimes and torch's threads in one process),
+    so each engine gets a process of its own, as benchmarks/gpu.py gives them."""
+    command = [sys.executable, __file__, *sys.argv[1:], "--llama-cpp-worker"]
+    done = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=True)
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    return {(label, kind): row for label, kind, row in found}
+
+
 def have_llama_cpp() -> bool:
     try:
         import llama_cpp.llama_speculative  # noqa: F401
@@ -190,6 +202,7 @@ def main() -> int:
     parser.add_argument("--no-llama-cpp", action="store_true")
     parser.add_argument("--draft-model", help="draft checkpoint (default: the model itself)")
     parser.add_argument("--no-draft-model", action="store_true", help="no draft-model rows")
+    parser.add_argument("--llama-cpp-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     from kvserve.default_model import default_model_path
@@ -207,10 +220,14 @@ def main() -> int:
         f"{args.threads} threads; one request at a time, greedy, <= {args.max_tokens} tokens; "
         f"{args.repeat} timed runs; spec {json.dumps(args.spec)}"
     )
+    if args.llama_cpp_worker:  # the llama.cpp rows, alone in this process (see below)
+        found = llama_cpp_rows(args, prompts)
+        print(json.dumps([[label, kind, row] for (label, kind), row in found.items()]))
+        return 0
     rows = kvserve_rows(args, prompts)
     llama = have_llama_cpp() and not args.no_llama_cpp
     if llama:
-        rows.update(llama_cpp_rows(args, prompts))
+        rows.update(llama_cpp_in_own_process())
     elif not args.no_llama_cpp:
         print("llama.cpp rows skipped: llama-cpp-python is not installed")
     load_after = os.getloadavg()
