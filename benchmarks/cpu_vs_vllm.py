@@ -105,6 +105,7 @@ def engine_env(engine: str, threads: int, vllm_python: Path) -> dict:
     if engine.startswith("vLLM"):
         env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{threads - 1}" if threads > 1 else "0"
         env["VLLM_CPU_KVCACHE_SPACE"] = "2"
+        env["VLLM_TARGET_DEVICE"] = "cpu"
         if engine.endswith("iomp"):
             env["LD_PRELOAD"] = str(vllm_python.parent.parent / "lib" / "libiomp5.so")
     return env

