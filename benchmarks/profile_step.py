@@ -17,7 +17,9 @@ and the model's Python, and torch's dispatch from Python before an op's
 profiler event opens. Then the top ops by self time (the time in the op
 itself, not its children) with their share of the step, grouped by kind.
 The profiler adds about 10-20 us per op, counted in "torch"; the unprofiled
-wall time per step is printed beside it.
+wall time per step is printed beside it. `--no-onednn` loads the bfloat16
+linear layers unpacked (plain F.linear): the "before" of
+kvserve/model/quant/onednn_linear.py.
 """
 
 from __future__ import annotations
@@ -89,8 +91,14 @@ def profiled(step, steps: int) -> dict:
     }
 
 
-def worker(dtype: str, threads: int, quantization: str, batch: int, steps: int) -> dict:
+def worker(
+    dtype: str, threads: int, quantization: str, batch: int, steps: int, onednn: bool
+) -> dict:
     from kvserve import LLM, SamplingParams
+    from kvserve.model import loader
+
+    if not onednn:  # bfloat16 linears as plain F.linear (the comparison's "before")
+        loader.onednn_available = lambda dtype, device: False
 
     llm = LLM(None, dtype=dtype, num_threads=threads, quantization=quantization)
     engine = llm.engine
@@ -127,19 +135,27 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument(
+        "--no-onednn", action="store_true", help="bfloat16 linears unpacked (plain F.linear)"
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        r = worker(args.worker, args.threads, args.quantization, args.batch, args.steps)
+        r = worker(
+            args.worker, args.threads, args.quantization, args.batch, args.steps,
+            not args.no_onednn,
+        )  # fmt: skip
         print(json.dumps(r))
         return 0
     load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"{os.cpu_count()} cpus, {args.threads} threads, quantization {args.quantization}, "
-          f"batch {args.batch}; load average {load} (1 / 5 / 15 min)")  # fmt: skip
+          f"batch {args.batch}, oneDNN packing {'off' if args.no_onednn else 'on'}; "
+          f"load average {load} (1 / 5 / 15 min)")  # fmt: skip
     for dtype in args.dtypes:
+        off = ["--no-onednn"] if args.no_onednn else []
         cmd = [sys.executable, __file__, "--worker", dtype, "--threads", str(args.threads),
                "--quantization", args.quantization, "--batch", str(args.batch),
-               "--steps", str(args.steps)]  # fmt: skip
+               "--steps", str(args.steps), *off]  # fmt: skip
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)
         result = json.loads(proc.stdout.strip().splitlines()[-1])
