@@ -6,7 +6,9 @@ Either way the model is built on the meta device, every checkpoint name and
 shape is checked against it before any tensor is read, and the tensors are
 then assigned directly in the target dtype and device: no random init, no
 second copy. The projections that read one input are then stacked into one
-layer each (kvserve.model.quant.fusion), and quantization packs what it packs.
+layer each (kvserve.model.quant.fusion), quantization packs what it packs, and
+bfloat16 linear layers on the CPU get their weights pre-packed for oneDNN
+(kvserve.model.quant.onednn_linear).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from kvserve.model.checkpoint.weight_check import check_weights
 from kvserve.model.models import DecoderForCausalLM, model_class
 from kvserve.model.quant.fusion import fuse_projections
 from kvserve.model.quant.gguf_blocks import gguf_packed_layers
+from kvserve.model.quant.onednn_linear import onednn_available, pack_bfloat16_linears
 from kvserve.model.quant.quant_linear import Int4Linear, packed_bytes
 from kvserve.model.quant.quantize import (
     KERNEL_DTYPE,
@@ -97,6 +100,8 @@ def load_model(
     if quantization != "none":
         summary.bytes = packed_bytes(model)
         logger.info(summary.describe())
+    if onednn_available(dtype, device):  # the same bits as F.linear, without its reorders
+        pack_bfloat16_linears(model)
     model.requires_grad_(False)
     model.eval()
     model.init_rotary(device)
