@@ -3,15 +3,28 @@ ValueError naming its request, never a wrong read or write of another request's 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Protocol
 
 from kvserve.batch import SeqChunk
 
-if TYPE_CHECKING:
-    from kvserve.model.runner import ModelRunner
+
+class RunnerShape(Protocol):
+    """What the check reads of the runner (kvserve.model.runner.ModelRunner): a protocol, so
+    the runner imports this module and not the other way round."""
+
+    vocab_size: int
+    num_blocks: int
+    block_size: int
+
+    @property
+    def kv_cache_specs(self) -> Sequence[object]: ...
+
+    @property
+    def state_groups(self) -> Sequence[int]: ...
 
 
-def check_chunk(runner: ModelRunner, chunk: SeqChunk) -> None:
+def check_chunk(runner: RunnerShape, chunk: SeqChunk) -> None:
     """Reject a malformed chunk with a message that names the request."""
     plan = chunk.plan
     rid = chunk.request_id

@@ -34,12 +34,12 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 
 from kvserve.batch import SeqChunk
-from kvserve.kvcache.specs import FullAttentionSpec
+from kvserve.kvcache.specs import FullAttentionSpec, KVCacheSpec
 from kvserve.model.attention.step_metadata import METADATA_BUILDERS
 from kvserve.model.checkpoint.config import ModelConfig
 from kvserve.model.checkpoint.resolve import resolve_checkpoint
@@ -48,8 +48,28 @@ from kvserve.model.loader import load_model
 from kvserve.model.memory.kv_memory import allocate_kv_caches, bytes_per_block
 from kvserve.model.models import DecoderForCausalLM
 
-if TYPE_CHECKING:
-    from kvserve.model.runner import ModelRunner
+
+class ModelRunner(Protocol):
+    """What the draft reads of its target (kvserve.model.runner.ModelRunner): a protocol, so
+    the runner imports this module and not the other way round."""
+
+    @property
+    def attention_backend(self) -> str: ...
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def device(self) -> torch.device: ...
+    @property
+    def dtype(self) -> torch.dtype: ...
+    @property
+    def kv_cache_specs(self) -> list[KVCacheSpec]: ...
+    @property
+    def quantization(self) -> str: ...
+    @property
+    def tokenizer(self) -> Any: ...
+    @property
+    def vocab_size(self) -> int: ...
+
 
 logger = logging.getLogger(__name__)
 

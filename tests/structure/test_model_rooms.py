@@ -1,9 +1,9 @@
 """The model room's sub-rooms and who may import whom (docs/design.md, Boundaries).
 
 Each folder of kvserve/model holds one concern; the arrows between them point one way.
-The files directly in kvserve/model compose the rooms (the runner, the loader, the demo
-checkpoint, the device and thread checks): no room imports them, nor the package's
-lazy facade (kvserve.model). Every import counts, function-level ones too.
+The files directly in kvserve/model compose the rooms (the runner, its chunk check and draft
+model, the loader, the demo checkpoint, the device and thread checks): no room imports them,
+nor the package's lazy facade (kvserve.model). Every import counts, function-level ones too.
 """
 
 from __future__ import annotations
@@ -29,8 +29,10 @@ MAY_IMPORT = {
 }
 """Per room, the other model rooms it may import (its own always)."""
 
-TOP = {"__init__", "runner", "loader", "demo", "demo_text", "device", "threads"}
-"""The files directly in kvserve/model: what composes the rooms."""
+TOP = {"__init__", "runner", "chunk_check", "draft_model", "loader", "demo", "demo_text", "device",
+       "threads"}  # fmt: skip
+"""The files directly in kvserve/model: what composes the rooms (the runner's chunk check and
+speculation's draft model, which the runner loads beside its own, are the runner's)."""
 
 
 def room_of(module: str) -> str | None:
