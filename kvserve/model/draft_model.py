@@ -49,7 +49,7 @@ from kvserve.model.memory.kv_memory import allocate_kv_caches, bytes_per_block
 from kvserve.model.models import DecoderForCausalLM
 
 
-class ModelRunner(Protocol):
+class TargetRunner(Protocol):
     """What the draft reads of its target (kvserve.model.runner.ModelRunner): a protocol, so
     the runner imports this module and not the other way round."""
 
@@ -80,7 +80,7 @@ Span = tuple[int, int, tuple[int, ...], int]
 class DraftModel:
     """The draft checkpoint, its K/V tensors in the target's block layout, and `propose`."""
 
-    def __init__(self, model_dir: str | Path, target: ModelRunner) -> None:
+    def __init__(self, model_dir: str | Path, target: TargetRunner) -> None:
         """Load and check the draft beside `target`, the target's ModelRunner (its dtype,
         device, quantization where the draft's format allows it, specs and block size),
         before the target sizes its pool (`page_bytes` is part of each block); `allocate`
@@ -199,7 +199,7 @@ class DraftModel:
         return tokens
 
 
-def check_same_vocabulary(model_dir: str | Path, config: ModelConfig, target: ModelRunner) -> None:
+def check_same_vocabulary(model_dir: str | Path, config: ModelConfig, target: TargetRunner) -> None:
     """A ValueError unless the draft's token ids mean the target's: the same vocabulary size
     and, where both checkpoints carry a tokenizer, the same token -> id map."""
     if config.vocab_size != target.vocab_size:
