@@ -10,11 +10,12 @@ from kvserve import SamplingParams
 PROMPT = "Once upon a time the model said"
 CHAT = [{"role": "user", "content": "Say something."}]
 
-FLOAT32 = 1e-6
-"""How far a float32 log-softmax may land from the same one computed in another process (the
-server's threads and batches against the test's): a near-1 probability's logprob is a small
-number, so the default relative tolerance alone asked for more digits than float32 has
-(seen: -0.01235557 against -0.01235545)."""
+FLOAT32 = 1e-4
+"""How far a float32 log-softmax may land from the same one computed in another process: the
+server batches, chunks and hits its prefix cache differently from the test's engine, so its
+matmuls sum in another order, and those rounding differences grow through the layers (seen:
+-0.01235557 against -0.01235545, then -0.6443497 against -0.6443461 in CI). A wrong token,
+temperature or normalisation moves a logprob by far more than this."""
 
 
 def test_completion_logprobs_equal_llm_generate_streamed_or_not(server, client, llm):
