@@ -19,6 +19,14 @@ from torch import nn
 from kvserve.model.checkpoint.config import RopeConfig
 
 
+def embedding(vocab_size: int, hidden_size: int) -> nn.Embedding:
+    """An nn.Embedding whose weight is allocated but not initialised: the loader fills it.
+    nn.Embedding's own random init, on the meta device the loader builds models on, runs
+    torch's reference normal_, whose first call imports torch._dynamo: a second of every
+    engine's start-up for numbers that are thrown away."""
+    return nn.Embedding(vocab_size, hidden_size, _weight=torch.empty(vocab_size, hidden_size))
+
+
 class RMSNorm(nn.Module):
     """Root-mean-square norm, computed in float32 and cast back before the weight."""
 

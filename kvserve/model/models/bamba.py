@@ -19,7 +19,13 @@ from torch import nn
 
 from kvserve.model.attention.attention_metadata import AttentionMetadata
 from kvserve.model.checkpoint.config import ModelConfig
-from kvserve.model.layers.common import GatedMLP, RMSNorm, RotaryEmbedding, apply_partial_rotary
+from kvserve.model.layers.common import (
+    GatedMLP,
+    RMSNorm,
+    RotaryEmbedding,
+    apply_partial_rotary,
+    embedding,
+)
 from kvserve.model.layers.mamba2 import Mamba2Mixer, StateMetadata
 from kvserve.model.models.decoder import DecoderAttention, DecoderForCausalLM, DecoderOptions
 
@@ -72,7 +78,7 @@ class BambaDecoderLayer(nn.Module):
 class BambaModel(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(BambaDecoderLayer(config, k) for k in config.layer_kinds)
         self.final_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 

@@ -17,7 +17,7 @@ from torch import nn
 from kvserve.model.attention.attention_metadata import AttentionMetadata
 from kvserve.model.attention.plain import paged_attention
 from kvserve.model.checkpoint.config import ModelConfig
-from kvserve.model.layers.common import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary
+from kvserve.model.layers.common import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary, embedding
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +110,7 @@ class DecoderModel(nn.Module):
     def __init__(self, config: ModelConfig, layer: Callable[[int], nn.Module]) -> None:
         """`layer(index)` builds each decoder layer (`DecoderForCausalLM.decoder_layer`)."""
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(layer(i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 

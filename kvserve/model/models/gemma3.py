@@ -22,7 +22,7 @@ from torch import nn
 
 from kvserve.model.attention.attention_metadata import AttentionMetadata
 from kvserve.model.checkpoint.config import ModelConfig, RopeConfig, _rope_config
-from kvserve.model.layers.common import GatedMLP, RotaryEmbedding
+from kvserve.model.layers.common import GatedMLP, RotaryEmbedding, embedding
 from kvserve.model.models.decoder import DecoderAttention, DecoderForCausalLM, DecoderOptions
 
 DEFAULT_GLOBAL_THETA = 1_000_000.0
@@ -126,7 +126,7 @@ class Gemma3Model(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         windows = config.layer_windows or [None] * config.num_layers
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(Gemma3DecoderLayer(config, w) for w in windows)
         self.norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
 
