@@ -8,6 +8,7 @@ from typing import NoReturn
 
 from kvserve.cli import chat, events, generate, kv_metadata, route, serve, simulate
 from kvserve.cli.common import add_log_level, configure_logging
+from kvserve.cli.openmp import reexec_with_openmp
 from kvserve.version import version
 
 
@@ -32,11 +33,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+ENGINE_COMMANDS = ("generate", "chat", "serve")
+"""The commands that run a model: they start on Intel's OpenMP where it is installed."""
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The command line; `argv` None means this process's own (only then may it re-execute
+    itself under another OpenMP runtime: kvserve.cli.openmp)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     configure_logging(args.log_level)
     try:
+        if argv is None and args.command in ENGINE_COMMANDS:
+            reexec_with_openmp(sys.argv[1:])
         return args.func(args)
     except (ValueError, OSError) as exc:
         print(f"kvserve {args.command}: error: {exc}", file=sys.stderr)

@@ -43,7 +43,7 @@ from kvserve.model.sampling.penalties import apply_penalties
 from kvserve.model.sampling.rows import each_row
 from kvserve.model.sampling.sampler import sample
 from kvserve.model.sampling.speculative import verify_chunk
-from kvserve.model.threads import default_num_threads
+from kvserve.model.threads import default_num_threads, openmp_runtime
 
 logger = logging.getLogger(__name__)
 
@@ -161,7 +161,7 @@ class ModelRunner:
             len(self.kv_cache_specs),
         )
         if self.device.type == "cpu":  # said once the model loaded: a load error stays one line
-            logger.info("CPU: %d thread(s)", torch.get_num_threads())
+            logger.info("CPU: %d thread(s), %s", torch.get_num_threads(), openmp_runtime())
         self.kv_tensors, self.kv_caches = self.allocate_pool(num_blocks)
         if self.draft is not None:
             self.draft.allocate(num_blocks)

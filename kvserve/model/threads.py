@@ -75,3 +75,13 @@ def default_num_threads(
     if limit is not None:
         cores = min(cores, max(math.ceil(limit), 1))
     return max(cores // max(share, 1), 1)
+
+
+def openmp_runtime(maps: Path = Path("/proc/self/maps")) -> str:
+    """Which OpenMP runtime serves this process's parallel regions, for the start-up log:
+    Intel's when libiomp5 is mapped (preloaded: kvserve.cli.openmp), else torch's GNU one."""
+    try:
+        mapped = maps.read_text()
+    except OSError:
+        return "OpenMP"
+    return "Intel OpenMP" if "libiomp5" in mapped else "GNU OpenMP"

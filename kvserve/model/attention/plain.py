@@ -91,8 +91,15 @@ def paged_attention(
         keys = keys.transpose(0, 1)[None]
         values = values.transpose(0, 1)[None]
         if softcap is None:
+            mask = None if span.causal else span.mask
             attn = F.scaled_dot_product_attention(
-                query, keys, values, attn_mask=span.mask, scale=scale, enable_gqa=True
+                query,
+                keys,
+                values,
+                attn_mask=mask,
+                scale=scale,
+                is_causal=span.causal,
+                enable_gqa=True,
             )
         else:
             groups = query.shape[1] // keys.shape[1]

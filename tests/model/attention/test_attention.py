@@ -112,3 +112,24 @@ def test_decode_batches_with_and_without_the_whole_batch_path(lengths, tables, w
     for i, (k, v) in enumerate(full):
         expected = dense(q[i : i + 1], k, v, lengths[i] - 1)
         torch.testing.assert_close(out[i : i + 1], expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_fresh_prefill_runs_causal_and_gives_the_masks_bits(dtype):
+    cpu = torch.device("cpu")
+    spans = [(0, 37, list(range(1, 11)), 0), (4, 6, [11, 12, 13], 0), (0, 5, [14, 15], 3)]
+    meta = AttentionMetadata.build(spans, BS, cpu)
+    assert [s.causal for s in meta.prefills] == [True, False, False]  # fresh, chunk, skip
+    windowed = AttentionMetadata.build(spans[:1], BS, cpu, window=8)
+    assert not windowed.prefills[0].causal
+    torch.manual_seed(0)
+    caches = [torch.zeros(16, BS, KV_HEADS, DIM, dtype=dtype) for _ in range(2)]
+    q, k, v = (torch.randn(37, h, DIM, dtype=dtype) for h in (HEADS, KV_HEADS, KV_HEADS))
+    fresh = AttentionMetadata.build(spans[:1], BS, cpu)
+    causal = paged_attention(q, k, v, *caches, fresh, DIM**-0.5)
+    fresh.prefills[0].causal = False  # the same span through its explicit mask
+    masked = paged_attention(q, k, v, *caches, fresh, DIM**-0.5)
+    assert torch.equal(causal, masked)
+    expected = dense(q.float(), k.float(), v.float(), 0)
+    tolerance = {} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
+    torch.testing.assert_close(causal.float(), expected, **tolerance)

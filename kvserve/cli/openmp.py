@@ -1,0 +1,67 @@
+"""Intel's OpenMP runtime under the command line's engines, where it is installed.
+
+torch's CPU build runs its parallel regions on GNU OpenMP (libgomp). Intel's
+runtime (libiomp5, from the `intel-openmp` package: `pip install
+'kvserve[iomp]'`) serves the same GOMP entry points with cheaper barriers and
+wake-ups: on the default model it takes a bfloat16 decode step to 0.88-0.92x
+the time at one and two threads, the same tokens (benchmarks/README.md,
+"cpu_vs_vllm"). vLLM's CPU documentation recommends it for the same reason.
+
+A process picks its OpenMP runtime when the dynamic loader first resolves the
+GOMP symbols, before any Python runs that could choose; the only switch is
+LD_PRELOAD at exec time. So `kvserve` re-executes itself once, before torch is
+imported, with the library preloaded. `KVSERVE_OPENMP` decides: unset or
+`auto` preloads libiomp5 when it lies in this environment's `lib/`; `gnu`
+keeps torch's own runtime; a path preloads that library. A program that
+embeds kvserve as a library sets LD_PRELOAD itself (README, CPU modes).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+ENV = "KVSERVE_OPENMP"
+PRELOADED = "KVSERVE_OPENMP_PRELOADED"
+"""Set in the re-executed process: the library it preloaded (the log line reads it)."""
+INTEL = "libiomp5.so"
+
+
+def chosen_library(env: dict[str, str], prefix: str = sys.prefix) -> Path | None:
+    """The library to preload, or None: GNU's runtime, asked for or the only one here."""
+    choice = env.get(ENV, "auto").strip()
+    if choice == "gnu":
+        return None
+    if choice in ("", "auto"):
+        found = Path(prefix) / "lib" / INTEL
+        return found if found.is_file() else None
+    path = Path(choice).expanduser()
+    if not path.is_file():
+        raise ValueError(f"{ENV}={choice!r}: no such library (use auto, gnu or a file's path)")
+    return path
+
+
+def reexec_with_openmp(argv: list[str]) -> None:
+    """Replace this process by `python -m kvserve argv` with the chosen OpenMP library
+    preloaded; return when none is chosen, torch is already loaded (too late to choose),
+    or this is the re-executed process (which says what it preloaded)."""
+    if PRELOADED in os.environ:
+        logger.info("OpenMP: %s preloaded (%s)", os.environ[PRELOADED], ENV)
+        return
+    library = chosen_library(dict(os.environ))
+    if library is None or "torch" in sys.modules:
+        return
+    preload = os.environ.get("LD_PRELOAD", "")
+    env = {
+        **os.environ,
+        "LD_PRELOAD": f"{library}:{preload}" if preload else str(library),
+        PRELOADED: str(library),
+    }
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, "-m", "kvserve", *argv], env)
+
