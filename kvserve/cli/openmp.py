@@ -64,4 +64,3 @@ def reexec_with_openmp(argv: list[str]) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, "-m", "kvserve", *argv], env)
-
