@@ -52,7 +52,7 @@ def reexec_with_openmp(argv: list[str]) -> None:
     preloaded; return when none is chosen, torch is already loaded (too late to choose),
     or this is the re-executed process (which says what it preloaded)."""
     if PRELOADED in os.environ:
-        logger.info("OpenMP: %s preloaded (%s)", os.environ[PRELOADED], ENV)
+        logger.debug("OpenMP: %s preloaded (%s)", os.environ[PRELOADED], ENV)
         return
     library = chosen_library(dict(os.environ))
     if library is None or "torch" in sys.modules:

@@ -19,8 +19,9 @@ TORCH_GOMP = Path(torch.__file__).parent / "lib" / "libgomp.so.1"
 re-execution without Intel's package."""
 
 
-def generate(demo_path: str, **env: str) -> subprocess.CompletedProcess[str]:
+def generate(demo_path: str, *options: str, **env: str) -> subprocess.CompletedProcess[str]:
     argv = ["generate", "--model", demo_path, *SMALL, "--prompt", "hi", "--max-tokens", "2"]
+    argv += options
     return subprocess.run(
         [sys.executable, "-m", "kvserve.cli", *argv],
         capture_output=True,
@@ -45,13 +46,15 @@ def test_the_choice(tmp_path):
 
 @pytest.mark.skipif(not TORCH_GOMP.is_file(), reason="torch without its own libgomp")
 def test_a_chosen_runtime_is_preloaded_and_said(demo_path):
-    proc = generate(demo_path, **{ENV: str(TORCH_GOMP)})
+    proc = generate(demo_path, "--log-level", "debug", **{ENV: str(TORCH_GOMP)})
     assert proc.returncode == 0, proc.stderr
-    assert f"OpenMP: {TORCH_GOMP} preloaded ({ENV})" in proc.stderr
+    assert f"OpenMP: {TORCH_GOMP} preloaded ({ENV})" in proc.stderr  # said at DEBUG only
     assert "thread(s), GNU OpenMP" in proc.stderr
     assert "'" in proc.stdout  # the completion, printed by the re-executed process
     bad = generate(demo_path, **{ENV: "/nowhere/libiomp5.so"})
     assert ENV in one_line_error(bad, "/nowhere/libiomp5.so")
+    refused = generate(demo_path, "--device", "tpu", **{ENV: str(TORCH_GOMP)})
+    one_line_error(refused, "tpu")  # the re-executed process's errors stay one line
 
 
 @pytest.mark.skipif(
