@@ -47,15 +47,28 @@ def chosen_library(env: dict[str, str], prefix: str = sys.prefix) -> Path | None
     return path
 
 
+def launched_as_kvserve(argv0: str) -> bool:
+    """Whether this process is the `kvserve` command itself (its script, `python -m kvserve`
+    or `python -m kvserve.cli`): only then is re-running it the same program. A program
+    that calls kvserve.cli.main() from its own code (a wrapper, a test that patches the
+    engine first) would lose what it set up, so it keeps its runtime."""
+    path = Path(argv0)
+    if path.name == "kvserve":
+        return True
+    package = path.parent if path.parent.name == "kvserve" else path.parent.parent
+    return path.name == "__main__.py" and package.name == "kvserve"
+
+
 def reexec_with_openmp(argv: list[str]) -> None:
     """Replace this process by `python -m kvserve argv` with the chosen OpenMP library
     preloaded; return when none is chosen, torch is already loaded (too late to choose),
-    or this is the re-executed process (which says what it preloaded)."""
+    another program runs the command line, or this is the re-executed process (which
+    says what it preloaded)."""
     if PRELOADED in os.environ:
         logger.debug("OpenMP: %s preloaded (%s)", os.environ[PRELOADED], ENV)
         return
     library = chosen_library(dict(os.environ))
-    if library is None or "torch" in sys.modules:
+    if library is None or "torch" in sys.modules or not launched_as_kvserve(sys.argv[0]):
         return
     preload = os.environ.get("LD_PRELOAD", "")
     env = {

@@ -12,7 +12,7 @@ import pytest
 import torch
 from _cli import SMALL, one_line_error
 
-from kvserve.cli.openmp import ENV, INTEL, chosen_library
+from kvserve.cli.openmp import ENV, INTEL, chosen_library, launched_as_kvserve
 
 TORCH_GOMP = Path(torch.__file__).parent / "lib" / "libgomp.so.1"
 """A real OpenMP runtime on every machine with torch's CPU wheel: preloading it proves the
@@ -42,6 +42,18 @@ def test_the_choice(tmp_path):
     assert chosen_library({ENV: str(TORCH_GOMP)}, str(tmp_path)) == TORCH_GOMP
     with pytest.raises(ValueError, match=f"{ENV}='/nowhere/libx.so': no such library"):
         chosen_library({ENV: "/nowhere/libx.so"}, str(tmp_path))
+
+
+def test_only_the_command_itself_re_executes():
+    import kvserve
+
+    package = Path(kvserve.__file__).parent
+    assert launched_as_kvserve(str(Path(sys.prefix) / "bin" / "kvserve"))
+    assert launched_as_kvserve(str(package / "__main__.py"))  # python -m kvserve
+    assert launched_as_kvserve(str(package / "cli" / "__main__.py"))  # python -m kvserve.cli
+    assert not launched_as_kvserve("-c")  # a program that calls main() itself
+    assert not launched_as_kvserve("/srv/app/__main__.py")
+    assert not launched_as_kvserve("/srv/app/cli/__main__.py")
 
 
 @pytest.mark.skipif(not TORCH_GOMP.is_file(), reason="torch without its own libgomp")
