@@ -47,16 +47,17 @@ def chosen_library(env: dict[str, str], prefix: str = sys.prefix) -> Path | None
     return path
 
 
+MAINS = (Path(__file__).parent / "__main__.py", Path(__file__).parent.parent / "__main__.py")
+"""`python -m kvserve.cli` and `python -m kvserve`: what sys.argv[0] is when run that way."""
+
+
 def launched_as_kvserve(argv0: str) -> bool:
     """Whether this process is the `kvserve` command itself (its script, `python -m kvserve`
     or `python -m kvserve.cli`): only then is re-running it the same program. A program
     that calls kvserve.cli.main() from its own code (a wrapper, a test that patches the
     engine first) would lose what it set up, so it keeps its runtime."""
     path = Path(argv0)
-    if path.name == "kvserve":
-        return True
-    package = path.parent if path.parent.name == "kvserve" else path.parent.parent
-    return path.name == "__main__.py" and package.name == "kvserve"
+    return path.name == "kvserve" or path.resolve() in {m.resolve() for m in MAINS}
 
 
 def reexec_with_openmp(argv: list[str]) -> None:
