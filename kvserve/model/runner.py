@@ -29,6 +29,7 @@ from kvserve.kvcache.specs import (
 from kvserve.model.attention.step_metadata import check_backend, step_metadata
 from kvserve.model.checkpoint.tokenizer import load_tokenizer
 from kvserve.model.chunk_check import check_chunk
+from kvserve.model.cpu_malloc import keep_freed_memory
 from kvserve.model.device import CPU_FLOAT16_WARNING, default_device, resolve_device, resolve_dtype
 from kvserve.model.draft_model import DraftModel
 from kvserve.model.loader import load_model
@@ -94,6 +95,7 @@ class ModelRunner:
             logger.warning(CPU_FLOAT16_WARNING)
         if self.device.type == "cpu":
             torch.set_num_threads(num_threads or default_num_threads())
+            keep_freed_memory()
         self.quantization = quantization
         """How the weights are stored (kvserve.model.quant.quantize); part of the tiers'
         fingerprint."""
@@ -161,7 +163,8 @@ class ModelRunner:
             len(self.kv_cache_specs),
         )
         if self.device.type == "cpu":  # said once the model loaded: a load error stays one line
-            logger.info("CPU: %d thread(s), %s", torch.get_num_threads(), openmp_runtime())
+            kept = ", freed memory kept (glibc)" if keep_freed_memory() else ""
+            logger.info("CPU: %d thread(s), %s%s", torch.get_num_threads(), openmp_runtime(), kept)
         self.kv_tensors, self.kv_caches = self.allocate_pool(num_blocks)
         if self.draft is not None:
             self.draft.allocate(num_blocks)

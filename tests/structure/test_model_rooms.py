@@ -30,7 +30,7 @@ MAY_IMPORT = {
 """Per room, the other model rooms it may import (its own always)."""
 
 TOP = {"__init__", "runner", "chunk_check", "draft_model", "loader", "demo", "demo_text", "device",
-       "threads"}  # fmt: skip
+       "threads", "cpu_malloc"}  # fmt: skip
 """The files directly in kvserve/model: what composes the rooms (the runner's chunk check and
 speculation's draft model, which the runner loads beside its own, are the runner's)."""
 

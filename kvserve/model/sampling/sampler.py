@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from kvserve.model.sampling.draw import draw
 from kvserve.sampling_params import SamplingParams
 
 
@@ -33,26 +34,28 @@ def sample(
                 logits[row, cols] = float("-inf")
                 if not torch.isfinite(logits[row]).any():  # a grammar allows only its end:
                     logits[row, cols] = kept  # it ends the sequence, min_tokens or not
-    tokens = logits.argmax(dim=-1)
     sampled = [(i, p) for i, p in enumerate(params) if p is not None and p.temperature > 0]
+    if not sampled:
+        return logits.argmax(dim=-1).tolist()
     rows = [i for i, _ in sampled]
-    if rows:
-        probs = filtered_probs(logits[rows], [p for _, p in sampled])
-        # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p exactly, one
-        # generator call per row (each request's own stream), no cumulative-sum search.
-        noise = torch.empty_like(probs)
-        for i, row in enumerate(rows):
-            noise[i].exponential_(generator=generators[row])
-        picked = (probs / noise).argmax(dim=-1)
-        tokens[torch.tensor(rows, device=tokens.device)] = picked
+    every_row = len(rows) == logits.shape[0]  # then no copy of the rows, no argmax
+    index = None if every_row else torch.tensor(rows, device=logits.device)
+    chosen = logits if index is None else logits.index_select(0, index)
+    probs = filtered_probs(chosen, [p for _, p in sampled])
+    picked = draw(probs, [generators[row] for row in rows])  # one uniform per row
+    if index is None:
+        return picked.tolist()
+    tokens = logits.argmax(dim=-1)
+    tokens[index] = picked
     return tokens.tolist()  # the step's one device-to-host copy
 
 
 def filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """Probabilities after temperature, top-k, top-p and min-p (in that order)."""
     device = logits.device
-    temps = torch.tensor([p.temperature for p in params], device=device, dtype=logits.dtype)
-    logits = logits / temps[:, None]
+    if any(p.temperature != 1.0 for p in params):
+        temps = [p.temperature for p in params]
+        logits = logits / torch.tensor(temps, device=device, dtype=logits.dtype)[:, None]
     vocab = logits.shape[-1]
     top_k = [min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params]
     top_p = [p.top_p for p in params]

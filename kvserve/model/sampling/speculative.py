@@ -28,6 +28,7 @@ from collections.abc import Sequence
 import torch
 
 from kvserve.batch import SeqChunk
+from kvserve.model.sampling.draw import draw
 from kvserve.model.sampling.sampler import filtered_probs
 from kvserve.sampling_params import SamplingParams
 
@@ -61,8 +62,7 @@ def verify_sampled(
     if accepted < k:  # the residual: p without the rejected draft
         row = row.clone()
         row[drafts[accepted]] = 0.0
-    noise = torch.empty_like(row).exponential_(generator=generator)
-    return accepted, int((row / noise).argmax())
+    return accepted, int(draw(row[None], [generator])[0])  # unnormalised: draw scales by the sum
 
 
 def verify(
