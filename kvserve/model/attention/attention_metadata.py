@@ -7,7 +7,8 @@ slot indices are built once per step and shared by the layers of one KV cache gr
 (one metadata per group). A sliding-window group's metadata reads only each query's
 window (keys p-W+1..p): the table entries before it may be the null block. A fresh
 prefill reads no slots: it attends to its own new k/v directly. Decodes are sorted by
-context length and padded in groups of DECODE_GROUP; each row reads its whole context
+context length and padded in groups of DECODE_GROUP (up to DECODE_GROUP stay one group,
+in batch order); each row reads its whole context
 through its own slots, whether or not its blocks are shared with other rows (reading a
 shared prefix once for a group was measured slower on the CPU: benchmarks/README.md,
 "Decode over shared prefixes").
@@ -181,9 +182,15 @@ def _decode_groups(
     window: int | None = None,
 ) -> list[DecodeGroup]:
     """(batch position, context length, block table) per decode -> padded groups of
-    DECODE_GROUP, sorted by context length."""
-    ordered = sorted(decodes, key=lambda d: d[1])
+    DECODE_GROUP sorted by context length; at most DECODE_GROUP decodes stay one group in
+    batch order (sorting them would group nothing, and the rows of a whole-batch group
+    need no gathering out of the batch and no scattering back). One padded group of 64
+    rows of similar lengths was measured slower than four sorted ones (96 against 88 ms
+    a step, benchmarks/profile_step.py)."""
     build = _decode_group if window is None else partial(_window_decode_group, window=window)
+    if len(decodes) <= DECODE_GROUP:
+        return [build(decodes, block_size=block_size, device=device)] if decodes else []
+    ordered = sorted(decodes, key=lambda d: d[1])
     return [
         build(ordered[i : i + DECODE_GROUP], block_size=block_size, device=device)
         for i in range(0, len(ordered), DECODE_GROUP)

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kvserve.model.attention.attention_metadata import AttentionMetadata
+from kvserve.model.attention.attention_metadata import DECODE_GROUP, AttentionMetadata
 from kvserve.model.attention.plain import paged_attention
 
 BS, KV_HEADS, HEADS, DIM = 4, 2, 4, 8
@@ -98,16 +98,21 @@ def decode_batch(lengths: list[int], tables: list[list[int]]):
     [
         ([6], [[4, 9]], True),  # a lone decoding request
         ([6, 6], [[4, 9], [11, 2]], True),  # equally long: no padding, no mask
-        ([3, 9, 5], [[7], [1, 8, 3], [5, 6]], False),  # sorted by length: rows reordered
-        ([3, 5, 9], [[7], [5, 6], [1, 8, 3]], True),  # already in length order
+        ([3, 9, 5], [[7], [1, 8, 3], [5, 6]], True),  # up to DECODE_GROUP: batch order
+        ([3, 5, 9], [[7], [5, 6], [1, 8, 3]], True),
+        # more than DECODE_GROUP: sorted by length into groups, rows reordered
+        ([2 + (i * 5) % 3 for i in range(17)], [[i + 1] for i in range(17)], False),
     ],
 )
 def test_decode_batches_with_and_without_the_whole_batch_path(lengths, tables, whole):
     caches, full, q, new_k, new_v, spans = decode_batch(lengths, tables)
     meta = AttentionMetadata.build(spans, BS, torch.device("cpu"))
     assert (meta.whole_batch is not None) == whole
-    padded = len(set(lengths)) > 1
-    assert all((group.mask is not None) == padded for group in meta.decodes)
+    if len(lengths) <= DECODE_GROUP:
+        assert len(meta.decodes) == 1
+        assert (meta.decodes[0].mask is not None) == (len(set(lengths)) > 1)
+    else:
+        assert [len(group.index) for group in meta.decodes] == [DECODE_GROUP, 1]
     out = paged_attention(q, new_k, new_v, caches[0], caches[1], meta, DIM**-0.5)
     for i, (k, v) in enumerate(full):
         expected = dense(q[i : i + 1], k, v, lengths[i] - 1)
