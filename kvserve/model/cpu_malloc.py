@@ -40,11 +40,11 @@ USER_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNA
 _applied: bool | None = None
 
 
-def keep_freed_memory(env: os._Environ[str] | dict[str, str] = os.environ) -> bool:
+def keep_freed_memory() -> bool:
     """Raise glibc's mmap and trim thresholds once per process; whether they are raised."""
     global _applied
     if _applied is None:
-        _applied = _apply(env)
+        _applied = _apply(os.environ)
     return _applied
 
 

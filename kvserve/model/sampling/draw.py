@@ -5,7 +5,7 @@ Why not the exponential race (argmax p / E, E ~ Exp(1)) the sampler used before:
 needs a random number per vocabulary entry, and torch's CPU `exponential_` makes them
 at about 20 ns each, serially: 1 ms a row for a 49,152-token vocabulary, 8 ms of a
 35 ms decode step of 8 requests (measured, benchmarks/README.md). The inverse CDF
-takes one uniform per row and a cumulative sum, 0.03 ms a row. The sums run in
+takes one uniform per row and cumulative sums (`pick`), 0.03 ms a row. The sums run in
 float64, so a token keeps its chance unless it is below about 1e-16 of the mass
 before it (in float32 that would be 3e-8, and a long tail of such tokens could lose
 part of its share).
@@ -22,18 +22,11 @@ import torch
 def draw(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
     """[N] token ids drawn from `probs` [N, vocab] (entries >= 0; a row need not sum to
     1: each is drawn in proportion to its entries)."""
-    rows = probs.shape[0]
     device = probs.device
-    uniforms = torch.empty(rows, 1, dtype=torch.float64, device=device)
-    free = [i for i, g in enumerate(generators) if g is None]
-    if len(free) == rows:
-        uniforms.uniform_()
-    else:
-        if free:
-            uniforms[free] = torch.rand(len(free), 1, dtype=torch.float64, device=device)
-        for i, generator in enumerate(generators):
-            if generator is not None:
-                uniforms[i] = torch.rand(1, generator=generator, dtype=torch.float64, device=device)
+    uniforms = torch.rand(probs.shape[0], 1, dtype=torch.float64, device=device)
+    for i, generator in enumerate(generators):  # a seeded row: its own stream
+        if generator is not None:
+            uniforms[i] = torch.rand(1, generator=generator, dtype=torch.float64, device=device)
     return pick(probs, uniforms)
 
 
@@ -60,7 +53,8 @@ def pick(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     # some index (the last token with mass) always exceeds it.
     threshold = torch.minimum(uniforms * total, torch.nextafter(total, torch.zeros_like(total)))
     block = torch.searchsorted(block_cumulative, threshold, right=True)  # [N, 1]
-    before = torch.where(block > 0, block_cumulative.gather(1, (block - 1).clamp_(min=0)), 0.0)
+    edges = torch.nn.functional.pad(block_cumulative, (1, 0))  # mass before each block
+    before = edges.gather(1, block)
     chosen = blocks.gather(1, block[:, :, None].expand(rows, 1, BLOCK))[:, 0]
     within_cumulative = chosen.cumsum(-1, dtype=torch.float64)
     within = torch.searchsorted(within_cumulative, threshold - before, right=True)
