@@ -29,6 +29,7 @@ from kvserve.kvcache.specs import (
 from kvserve.model.attention.step_metadata import check_backend, step_metadata
 from kvserve.model.checkpoint.tokenizer import load_tokenizer
 from kvserve.model.chunk_check import check_chunk
+from kvserve.model.cpu_kernels.decode_attention import describe as cpu_decode_attention
 from kvserve.model.cpu_malloc import keep_freed_memory
 from kvserve.model.device import CPU_FLOAT16_WARNING, default_device, resolve_device, resolve_dtype
 from kvserve.model.draft_model import DraftModel
@@ -164,7 +165,13 @@ class ModelRunner:
         )
         if self.device.type == "cpu":  # said once the model loaded: a load error stays one line
             kept = ", freed memory kept (glibc)" if keep_freed_memory() else ""
-            logger.info("CPU: %d thread(s), %s%s", torch.get_num_threads(), openmp_runtime(), kept)
+            logger.info(
+                "CPU: %d thread(s), %s%s%s",
+                torch.get_num_threads(),
+                openmp_runtime(),
+                kept,
+                cpu_decode_attention(self.dtype),
+            )
         self.kv_tensors, self.kv_caches = self.allocate_pool(num_blocks)
         if self.draft is not None:
             self.draft.allocate(num_blocks)

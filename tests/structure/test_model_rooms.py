@@ -23,7 +23,8 @@ MAY_IMPORT = {
     "pooling": set(),
     "layers": {"checkpoint"},
     "quant": {"checkpoint"},
-    "attention": {"layers"},
+    "cpu_kernels": set(),
+    "attention": {"layers", "cpu_kernels"},
     "memory": {"checkpoint", "layers"},
     "models": {"checkpoint", "layers", "attention"},
 }

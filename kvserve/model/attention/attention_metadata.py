@@ -58,6 +58,9 @@ class DecodeGroup:
     padding (every context in the group equally long)."""
     in_order: bool = False
     """Its rows are consecutive rows of the batch, in batch order."""
+    bounds: torch.Tensor | None = None
+    """[B, 2] int32: row b's real keys are slots[b, begin:end] (the CPU's paged decode
+    kernel reads only those: kvserve.model.cpu_kernels.decode_attention)."""
 
 
 DECODE_GROUP = 16
@@ -213,6 +216,7 @@ def _decode_group(
         slots.masked_fill_(~valid, 0) if padded else slots,
         valid[:, None, None, :] if padded else None,
         _in_order(part),
+        _bounds([(0, n) for n in lengths], device),
     )
 
 
@@ -234,6 +238,7 @@ def _window_decode_group(
         slots.masked_fill_(~valid, 0) if padded else slots,
         valid[:, None, None, :] if padded else None,
         _in_order(part),
+        _bounds([(max(0, span - n), span) for n in lengths], device),
     )
 
 
@@ -248,6 +253,11 @@ def _padded_tables(part: list[tuple[int, int, list[int]]], device: torch.device)
 def _rows(part: list[tuple[int, int, list[int]]], device: torch.device) -> torch.Tensor:
     """The batch rows of a group's decodes."""
     return torch.tensor([q for q, _, _ in part], dtype=torch.long, device=device)
+
+
+def _bounds(pairs: list[tuple[int, int]], device: torch.device) -> torch.Tensor:
+    """[B, 2] int32 (begin, end) of each row's real keys within its padded slots."""
+    return torch.tensor(pairs, dtype=torch.int32, device=device)
 
 
 def _in_order(part: list[tuple[int, int, list[int]]]) -> bool:

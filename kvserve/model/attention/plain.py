@@ -10,7 +10,9 @@ that very step (design.md invariant 8).
 Reads gather the context through the flat slot indices of the step's
 AttentionMetadata (kvserve.model.attention.attention_metadata). A fresh prefill
 attends to its own new k/v directly; decodes are attended in padded groups of
-similar context length, each row over its own slots.
+similar context length, each row over its own slots (bfloat16 on the CPU: by the
+paged C kernel of kvserve.model.cpu_kernels.decode_attention, which reads the slots
+in place instead of gathering them).
 Grouped-query attention never repeats the kv heads, except on the soft-capped
 prefill path.
 """
@@ -24,6 +26,7 @@ import torch.nn.functional as F
 
 from kvserve.model.attention.attention_metadata import AttentionMetadata, DecodeGroup
 from kvserve.model.attention.paged_metadata import PagedMetadata
+from kvserve.model.cpu_kernels.decode_attention import kernel as decode_kernel
 
 if TYPE_CHECKING:
     from kvserve.model.attention.flex_metadata import FlexMetadata
@@ -145,6 +148,9 @@ def _decode_attention(
     one kv head into the query length: [B, kv_heads, groups, head_dim], so the
     kv heads are never repeated.
     """
+    paged = decode_kernel()
+    if paged is not None and group.bounds is not None and paged.handles(query, k_flat):
+        return paged(query, k_flat, v_flat, group.slots, group.bounds, scale, softcap)
     batch, num_heads, dim = query.shape
     kv_heads = k_flat.shape[1]
     query = query.reshape(batch, kv_heads, num_heads // kv_heads, dim)

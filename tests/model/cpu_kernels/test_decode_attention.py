@@ -1,0 +1,125 @@
+"""The paged decode attention kernel against float64 attention over the same bfloat16
+cache, every context length through the tile boundaries, and inside paged_attention."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvserve.model.attention.attention_metadata import DECODE_GROUP, AttentionMetadata
+from kvserve.model.attention.plain import paged_attention
+from kvserve.model.cpu_kernels import decode_attention
+
+BF16 = torch.bfloat16
+CPU = torch.device("cpu")
+
+
+def scattered_cache(num_slots: int, kv_heads: int, dim: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    k = torch.randn(num_slots, kv_heads, dim, generator=gen).to(BF16)
+    v = torch.randn(num_slots, kv_heads, dim, generator=gen).to(BF16)
+    return k, v, gen
+
+
+def reference(query, k_flat, v_flat, slots, bounds, scale, softcap=None):
+    """float64 softmax(q k^T) v of each row over its keys slots[b, begin:end], the
+    softmax's weights rounded to bfloat16 before they weight the values."""
+    rows = []
+    heads, kv_heads = query.shape[1], k_flat.shape[1]
+    for b, (begin, end) in enumerate(bounds.tolist()):
+        keys = k_flat[slots[b, begin:end]].double().repeat_interleave(heads // kv_heads, 1)
+        values = v_flat[slots[b, begin:end]].double().repeat_interleave(heads // kv_heads, 1)
+        scores = torch.einsum("hd,thd->ht", query[b].double(), keys) * scale
+        if softcap is not None:
+            scores = softcap * torch.tanh(scores / softcap)
+        weights = (scores - scores.amax(-1, keepdim=True)).exp()
+        total = weights.sum(-1, keepdim=True)  # SDPA's arithmetic: the weights rounded
+        weights = weights.to(BF16).double()  # to bfloat16, their sum not
+        rows.append(torch.einsum("ht,thd->hd", weights, values) / total)
+    return torch.stack(rows)
+
+
+def assert_bfloat16_close(out: torch.Tensor, expected: torch.Tensor) -> None:
+    """Within bfloat16's rounding of the output (half an ulp, 2^-9 relative) plus the
+    float32 arithmetic before it."""
+    assert out.dtype == BF16
+    error = (out.double() - expected).abs()
+    bound = expected.abs() * 2**-8 + 1e-3
+    assert bool((error <= bound).all()), f"worst error {(error - bound).max().item():.2e} over"
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (4, 4, 128), (8, 2, 32)])
+def test_every_context_length_through_the_tiles(decode_kernel, heads, kv_heads, dim):
+    """Rows of 1..40 keys (tiles of 16 full, partial, single) from shuffled slots."""
+    k_flat, v_flat, gen = scattered_cache(4096, kv_heads, dim, seed=dim)
+    lengths = list(range(1, 41))
+    width = max(lengths)
+    slots = torch.zeros(len(lengths), width, dtype=torch.long)
+    for b, n in enumerate(lengths):
+        slots[b, :n] = torch.randperm(4095, generator=gen)[:n] + 1
+    bounds = torch.tensor([[0, n] for n in lengths], dtype=torch.int32)
+    query = torch.randn(len(lengths), heads, dim, generator=gen).to(BF16)
+    out = decode_kernel(query, k_flat, v_flat, slots, bounds, dim**-0.5)
+    assert_bfloat16_close(out, reference(query, k_flat, v_flat, slots, bounds, dim**-0.5))
+
+
+def test_windows_long_contexts_and_soft_capping(decode_kernel):
+    """Rows whose keys start past the padding (a sliding window), 1,000 keys, soft-cap."""
+    k_flat, v_flat, gen = scattered_cache(8192, 2, 64, seed=1)
+    width = 1000
+    slots = torch.randint(1, 8192, (3, width), generator=gen)
+    bounds = torch.tensor([[0, 1000], [990, 1000], [500, 517]], dtype=torch.int32)
+    query = (4 * torch.randn(3, 8, 64, generator=gen)).to(BF16)  # large scores
+    for softcap in (None, 5.0):
+        out = decode_kernel(query, k_flat, v_flat, slots, bounds, 0.125, softcap)
+        expected = reference(query, k_flat, v_flat, slots, bounds, 0.125, softcap)
+        assert_bfloat16_close(out, expected)
+
+
+def test_shapes_it_does_not_compute_are_refused(decode_kernel):
+    k_flat, v_flat, _ = scattered_cache(64, 2, 72, seed=2)
+    query = torch.zeros(1, 4, 72, dtype=BF16)
+    assert not decode_kernel.handles(query, k_flat)  # 72 is no multiple of 16
+    slots = torch.ones(1, 3, dtype=torch.long)
+    bounds = torch.tensor([[0, 3]], dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="refused 1 rows of 4 heads of 72"):
+        decode_kernel(query, k_flat, v_flat, slots, bounds, 0.1)
+    assert not decode_kernel.handles(query.float(), k_flat.float())
+
+
+@pytest.mark.parametrize("window", [None, 24])
+def test_paged_attention_decodes_by_the_kernel_as_gather_and_sdpa_do(
+    decode_kernel, monkeypatch, window
+):
+    """A step of 2 x DECODE_GROUP + 3 decodes (sorted groups, padding, a window) and one
+    prefill: the kernel's rows equal the gather + SDPA path's within bfloat16 rounding,
+    the prefill's rows are the same bits."""
+    bs, kv_heads, heads, dim = 16, 2, 6, 64
+    gen = torch.Generator().manual_seed(3)
+    caches = [torch.randn(200, bs, kv_heads, dim, generator=gen).to(BF16) for _ in range(2)]
+    for cache in caches:
+        cache[0].zero_()
+    lengths = [int(n) for n in torch.randint(1, 90, (2 * DECODE_GROUP + 3,), generator=gen)]
+    free = iter(torch.randperm(199, generator=gen).add(1).tolist())
+    spans = [(n - 1, 1, [next(free) for _ in range(-(-n // bs))], 0) for n in lengths]
+    spans.append((0, 20, [next(free), next(free)], 0))
+    meta = AttentionMetadata.build(spans, bs, CPU, window=window)
+    assert len(meta.decodes) == 3 and all(g.bounds is not None for g in meta.decodes)
+    tokens = len(lengths) + 20
+    q = torch.randn(tokens, heads, dim, generator=gen).to(BF16)
+    k, v = (torch.randn(tokens, kv_heads, dim, generator=gen).to(BF16) for _ in range(2))
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].shape[0])
+        return decode_kernel(*args, **kwargs)
+
+    counted.handles = decode_kernel.handles  # type: ignore[attr-defined]
+    monkeypatch.setattr(decode_attention, "_kernel", counted)
+    fast = paged_attention(q, k, v, *(c.clone() for c in caches), meta, dim**-0.5)
+    assert sorted(calls) == sorted(len(g.index) for g in meta.decodes)
+    monkeypatch.setattr(decode_attention, "_kernel", None)
+    plain = paged_attention(q, k, v, *(c.clone() for c in caches), meta, dim**-0.5)
+    decodes = slice(0, len(lengths))
+    torch.testing.assert_close(fast[decodes].float(), plain[decodes].float(), atol=2e-2, rtol=2e-2)
+    assert torch.equal(fast[len(lengths) :], plain[len(lengths) :])

@@ -1,0 +1,87 @@
+"""Building a kernel: cached on disk by what went into it, clear reasons when it cannot,
+and the engine's switch."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from kvserve.model.cpu_kernels import decode_attention
+from kvserve.model.cpu_kernels.build import build
+from kvserve.model.cpu_kernels.decode_attention import SOURCE
+
+
+def test_the_library_is_built_once_and_then_found_in_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVSERVE_KERNEL_CACHE", str(tmp_path))
+    first = build(SOURCE)
+    if first.path is None:
+        pytest.skip(f"no kernel here: {first.reason}")
+    assert first.seconds > 0 and first.path.parent == tmp_path
+    again = build(SOURCE)
+    assert (again.path, again.seconds) == (first.path, 0.0)
+    other = build(SOURCE, ("-DKVSERVE_TEST_VARIANT",))  # other flags: another library
+    assert other.path is not None and other.path != first.path
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([first.path.name, other.path.name])
+
+
+def test_without_a_working_compiler_it_says_why(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVSERVE_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    missing = build(SOURCE)
+    assert missing.path is None and "no C compiler" in missing.reason
+    broken = tmp_path / "broken-cc"
+    broken.write_text("#!/bin/sh\necho 'cc: fatal error: out of licences' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    monkeypatch.setenv("CC", str(broken))
+    failed = build(SOURCE)
+    assert failed.path is None and "out of licences" in failed.reason
+    assert not list(tmp_path.glob("*.so"))
+
+
+def test_the_switch_and_the_load_log_words(tmp_path, monkeypatch):
+    monkeypatch.setattr(decode_attention, "_kernel", None)
+    monkeypatch.setattr(decode_attention, "_built", None)
+    monkeypatch.setenv("KVSERVE_CPU_KERNELS", "0")
+    assert decode_attention.describe(torch.float32) == ""  # float32 keeps SDPA
+    assert "gather + SDPA (KVSERVE_CPU_KERNELS=0)" in decode_attention.describe(torch.bfloat16)
+    assert decode_attention.kernel() is None
+    monkeypatch.setattr(decode_attention, "_built", None)
+    monkeypatch.delenv("KVSERVE_CPU_KERNELS")
+    monkeypatch.setenv("KVSERVE_KERNEL_CACHE", str(tmp_path))
+    words = decode_attention.describe(torch.bfloat16)
+    if decode_attention.kernel() is None:
+        pytest.skip(f"no kernel here: {words}")
+    assert words.startswith(", paged decode attention kernel (built in ")
+    monkeypatch.setattr(decode_attention, "_built", None)
+    assert decode_attention.describe(torch.bfloat16) == ", paged decode attention kernel (cached)"
+
+
+def test_a_bfloat16_engine_decodes_through_the_kernel(monkeypatch, caplog, tmp_path):
+    """The default model in bfloat16 says so in its load log and every decode step's
+    attention calls the kernel (30 layers, one group)."""
+    from kvserve import LLM, SamplingParams
+    from kvserve.default_model import default_model_path
+
+    monkeypatch.setenv("KVSERVE_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setattr(decode_attention, "_kernel", None)
+    monkeypatch.setattr(decode_attention, "_built", None)
+    with caplog.at_level(logging.INFO, logger="kvserve.model.runner"):
+        llm = LLM(str(default_model_path()), dtype="bfloat16", num_threads=1)
+    paged = decode_attention.kernel()
+    if paged is None:
+        pytest.skip("no kernel here")
+    assert "paged decode attention kernel (built in" in caplog.text
+    calls = []
+    real = paged._fn
+
+    def counted(*args):
+        calls.append(args[6])  # the batch
+        return real(*args)
+
+    monkeypatch.setattr(paged, "_fn", counted)
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    outs = llm.generate(["The capital of France is", "One, two, three,"], params)
+    assert all(len(o.outputs[0].token_ids) == 4 for o in outs)
+    assert calls == [2] * 30 * 3  # three decode steps of both rows, every layer
