@@ -29,7 +29,7 @@ from kvserve.kvcache.specs import (
 from kvserve.model.attention.step_metadata import check_backend, step_metadata
 from kvserve.model.checkpoint.tokenizer import load_tokenizer
 from kvserve.model.chunk_check import check_chunk
-from kvserve.model.cpu_kernels.decode_attention import describe as cpu_decode_attention
+from kvserve.model.cpu_kernels.switch import enable_for as enable_cpu_kernels
 from kvserve.model.cpu_malloc import keep_freed_memory
 from kvserve.model.device import CPU_FLOAT16_WARNING, default_device, resolve_device, resolve_dtype
 from kvserve.model.draft_model import DraftModel
@@ -170,7 +170,7 @@ class ModelRunner:
                 torch.get_num_threads(),
                 openmp_runtime(),
                 kept,
-                cpu_decode_attention(self.dtype),
+                enable_cpu_kernels(self.dtype),
             )
         self.kv_tensors, self.kv_caches = self.allocate_pool(num_blocks)
         if self.draft is not None:

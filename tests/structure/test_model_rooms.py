@@ -21,7 +21,7 @@ MAY_IMPORT = {
     "checkpoint": set(),
     "sampling": set(),
     "pooling": set(),
-    "layers": {"checkpoint"},
+    "layers": {"checkpoint", "cpu_kernels"},
     "quant": {"checkpoint"},
     "cpu_kernels": set(),
     "attention": {"layers", "cpu_kernels"},

@@ -8,10 +8,10 @@ slot indices are built once per step and shared by the layers of one KV cache gr
 window (keys p-W+1..p): the table entries before it may be the null block. A fresh
 prefill reads no slots: it attends to its own new k/v directly. Decodes are sorted by
 context length and padded in groups of DECODE_GROUP (up to DECODE_GROUP stay one group,
-in batch order); each row reads its whole context
-through its own slots, whether or not its blocks are shared with other rows (reading a
-shared prefix once for a group was measured slower on the CPU: benchmarks/README.md,
-"Decode over shared prefixes").
+in batch order; all of them with the CPU's paged decode kernel); each row reads its whole
+context through its own slots, whether or not its blocks are shared with other rows
+(reading a shared prefix once for a group was measured slower on the CPU:
+benchmarks/README.md, "Decode over shared prefixes").
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from functools import partial
 
 import torch
+
+from kvserve.model.cpu_kernels.decode_attention import kernel as decode_kernel
 
 
 @dataclass(slots=True)
@@ -189,9 +191,11 @@ def _decode_groups(
     batch order (sorting them would group nothing, and the rows of a whole-batch group
     need no gathering out of the batch and no scattering back). One padded group of 64
     rows of similar lengths was measured slower than four sorted ones (96 against 88 ms
-    a step, benchmarks/profile_step.py)."""
+    a step, benchmarks/profile_step.py). With the CPU's paged decode kernel enabled every
+    decode is one group in batch order: it reads no padding, and the rows need no gather
+    and scatter (a 64-row step 83 -> 80 ms)."""
     build = _decode_group if window is None else partial(_window_decode_group, window=window)
-    if len(decodes) <= DECODE_GROUP:
+    if len(decodes) <= DECODE_GROUP or (device.type == "cpu" and decode_kernel() is not None):
         return [build(decodes, block_size=block_size, device=device)] if decodes else []
     ordered = sorted(decodes, key=lambda d: d[1])
     return [

@@ -5,17 +5,19 @@ builder (`torch.utils.cpp_extension`) compiles against torch's headers for
 tens of seconds; these kernels are plain C (no torch headers), so the system
 C compiler builds one in well under a second, `-march=native` for the machine
 it runs on. The library is cached under `~/.cache/kvserve/kernels` (or
-`$KVSERVE_KERNEL_CACHE`), named by a hash of the source, the flags, the
-compiler's version and the CPU's feature flags, so a changed kernel, compiler
-or machine builds again. Without a compiler `build` says why and returns None:
+`$KVSERVE_KERNEL_CACHE`), named by a hash of the source and the headers beside
+it, the flags, the compiler's version and the CPU's feature flags, so a changed
+kernel, compiler or machine builds again. Without a compiler `build` says why and returns None:
 the callers keep torch's own ops.
 """
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import logging
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -25,10 +27,15 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC")
-"""-ffast-math lets the softmax's exp vectorize (glibc's vector math); the kernels never
-rely on infinities or NaN in their own arithmetic. -fopenmp: the same OpenMP runtime
-torch loaded (libgomp.so.1, or Intel's libiomp5 preloaded) runs the kernel's threads."""
+FLAGS = (
+    "-O3", "-march=native", "-ffast-math", "-fno-reciprocal-math", "-fopenmp", "-shared", "-fPIC"
+) + (("-mno-recip",) if platform.machine() in ("x86_64", "AMD64") else ())  # fmt: skip
+"""-ffast-math lets exp vectorize (glibc's vector math) and the kernels never rely on
+infinities or NaN in their own arithmetic; -fno-reciprocal-math and x86's -mno-recip keep
+divisions and 1 / sqrt(x) exact (fast-math alone turns them into approximate reciprocals,
+and the SiLU of 5.9375 then rounds to another bfloat16 than torch's). -fopenmp: the
+OpenMP runtime torch loaded (libgomp.so.1, or Intel's libiomp5 preloaded) runs the
+kernels' threads."""
 
 
 @dataclass(slots=True)
@@ -52,7 +59,8 @@ def build(source: Path, extra_flags: tuple[str, ...] = ()) -> Built:
     if compiler is None:
         return Built(None, 0.0, "no C compiler (cc, or $CC) on PATH")
     flags = FLAGS + extra_flags
-    key = _key(source.read_bytes(), compiler, flags)
+    headers = b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))
+    key = _key(source.read_bytes() + headers, compiler, flags)
     target = cache_dir() / f"{source.stem}-{key}.so"
     if target.exists():
         return Built(target, 0.0)
@@ -95,6 +103,18 @@ def _cpu_flags() -> str:
                     return line
     except OSError:
         pass
-    import platform
-
     return platform.processor() or platform.machine()
+
+
+def load(source: Path) -> tuple[ctypes.CDLL | None, Built]:
+    """The library of `source`, built or found in the cache, and how; none (and why) when
+    $KVSERVE_CPU_KERNELS=0 turns the kernels off, or it cannot be built or loaded."""
+    if os.environ.get("KVSERVE_CPU_KERNELS", "1") == "0":
+        return None, Built(None, 0.0, "KVSERVE_CPU_KERNELS=0")
+    built = build(source)
+    if built.path is None:
+        return None, built
+    try:
+        return ctypes.CDLL(str(built.path)), built
+    except OSError as exc:
+        return None, Built(None, built.seconds, f"{built.path} does not load: {exc}")

@@ -13,25 +13,14 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "bfloat16.h"
+
 #define LANES 16
 #define MAX_GROUP 16
 #define MAX_DIM 256
 
-static inline float bf16_to_float(uint16_t x) {
-    union { uint32_t u; float f; } v;
-    v.u = (uint32_t)x << 16;
-    return v.f;
-}
-
-static inline uint16_t float_to_bf16(float f) {
-    union { uint32_t u; float f; } v;
-    v.f = f;
-    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40u); /* NaN */
-    return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
-}
-
 static inline void row_to_float(const uint16_t *src, float *dst, int dim) {
-    for (int d = 0; d < dim; d++) dst[d] = bf16_to_float(src[d]);
+    for (int d = 0; d < dim; d++) dst[d] = bf(src[d]);
 }
 
 /* dot product in LANES independent partial sums (vectorizes without -ffast-math) */
@@ -202,7 +191,7 @@ int decode_attention_bf16(
                 for (int t = 0; t < n; t++) {
                     float e = expf(p[t] - top[g]);
                     total[g] += e;
-                    p[t] = bf16_to_float(float_to_bf16(e));
+                    p[t] = bf(to_bf(e));
                 }
             }
 #if defined(__AVX512F__)
@@ -219,7 +208,7 @@ int decode_attention_bf16(
             for (int g = 0; g < group; g++) {
                 uint16_t *o = out + ((int64_t)b * heads + h * group + g) * dim;
                 float inv = n > 0 ? 1.0f / total[g] : 0.0f;
-                for (int d = 0; d < dim; d++) o[d] = float_to_bf16(acc[g][d] * inv);
+                for (int d = 0; d < dim; d++) o[d] = to_bf(acc[g][d] * inv);
             }
         }
         free(scores);

@@ -20,15 +20,11 @@ keeps gather + SDPA.
 from __future__ import annotations
 
 import ctypes
-import logging
-import os
 from pathlib import Path
 
 import torch
 
-from kvserve.model.cpu_kernels.build import Built, build
-
-logger = logging.getLogger(__name__)
+from kvserve.model.cpu_kernels.build import Built, load
 
 SOURCE = Path(__file__).with_name("decode_attention.c")
 
@@ -40,9 +36,8 @@ _F = ctypes.c_float
 class DecodeAttentionKernel:
     """The loaded library's `decode_attention_bf16`."""
 
-    def __init__(self, library: Path) -> None:
-        self.library = library
-        fn = ctypes.CDLL(str(library)).decode_attention_bf16
+    def __init__(self, library: ctypes.CDLL) -> None:
+        fn = library.decode_attention_bf16
         fn.restype = _I
         fn.argtypes = [_P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _F, _F, _I]
         self._fn = fn
@@ -114,28 +109,9 @@ def kernel() -> DecodeAttentionKernel | None:
 
 def enable() -> Built:
     """Build or load the kernel (once per process; later calls return the first result):
-    where the library is, or why there is none ($KVSERVE_CPU_KERNELS=0 turns it off)."""
+    where the library is, or why there is none."""
     global _kernel, _built
-    if _built is not None:
-        return _built
-    if os.environ.get("KVSERVE_CPU_KERNELS", "1") == "0":
-        _built = Built(None, 0.0, "KVSERVE_CPU_KERNELS=0")
-        return _built
-    _built = build(SOURCE)
-    if _built.path is not None:
-        try:
-            _kernel = DecodeAttentionKernel(_built.path)
-        except OSError as exc:
-            _built = Built(None, _built.seconds, f"{_built.path} does not load: {exc}")
+    if _built is None:
+        library, _built = load(SOURCE)
+        _kernel = None if library is None else DecodeAttentionKernel(library)
     return _built
-
-
-def describe(dtype: torch.dtype) -> str:
-    """Enable the kernel for a bfloat16 engine on the CPU; the load log's words for it."""
-    if dtype != torch.bfloat16:
-        return ""
-    built = enable()
-    if built.path is None:
-        return f", decode attention by gather + SDPA ({built.reason})"
-    how = f"built in {built.seconds:.1f} s" if built.seconds else "cached"
-    return f", paged decode attention kernel ({how})"

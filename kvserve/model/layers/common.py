@@ -5,7 +5,9 @@ in the same dtypes, so greedy decoding matches it token for token. What runs
 once per layer is kept to few torch calls (a decode step of a small model is
 mostly their dispatch): the rotary tables are built once per step, q and k
 rotate together, and the MLP's gate and up projections are one matmul once the
-loader has fused them (kvserve.model.quant.fusion).
+loader has fused them (kvserve.model.quant.fusion). In bfloat16 on the CPU the norm
+(with the residual add before it), the rotation and SiLU-and-multiply are one C call
+each (kvserve.model.cpu_kernels.layer_ops: the same roundings in the same places).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 from torch import nn
 
 from kvserve.model.checkpoint.config import RopeConfig
+from kvserve.model.cpu_kernels.layer_ops import ops as layer_ops
 
 
 def embedding(vocab_size: int, hidden_size: int) -> nn.Embedding:
@@ -36,10 +39,21 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        fused = layer_ops()
+        if fused is not None and fused.takes(x, self.weight):  # bfloat16 on the CPU
+            return fused.rms_norm(x, self.weight, self.eps)
         if x.dtype != torch.float32:
             h = x.float()
             return self.weight * (h * _inverse_rms(h, self.eps)).to(x.dtype)
         return self.weight * (x * _inverse_rms(x, self.eps))
+
+    def add_and_norm(self, x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+        """x += delta in place (the residual stream), then the norm of x: one call on the
+        CPU in bfloat16."""
+        fused = layer_ops()
+        if fused is not None and fused.takes(x, self.weight):
+            return fused.rms_norm(x, self.weight, self.eps, delta)
+        return self(x.add_(delta))
 
 
 def _inverse_rms(h: torch.Tensor, eps: float) -> torch.Tensor:
@@ -67,6 +81,9 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
+        fused = layer_ops() if type(self).activation is GatedMLP.activation else None
+        if fused is not None and (hidden := fused.silu_mul(gate_up)) is not None:
+            return self.down_proj(hidden)
         gate, up = gate_up.view(*x.shape[:-1], 2, -1).unbind(-2)
         return self.down_proj(self.activation(gate) * up)
 
@@ -143,6 +160,9 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -
     the same products (a sign moves exactly), in four torch calls. roll gives cat(x2, x1)
     faster than flip or cat (10.7 against 16.6 and 13.6 us for 8 rows of 12 heads).
     """
+    fused = layer_ops()
+    if fused is not None and fused.rotates(x, cos):  # bfloat16 on the CPU: one call
+        return fused.rotary(x, cos, signed_sin)
     rotated = x.roll(x.shape[-1] // 2, -1).mul_(signed_sin)  # cat(x2, x1) * signed_sin
     return rotated.add_(x * cos)
 

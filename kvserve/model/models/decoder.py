@@ -98,8 +98,8 @@ class DecoderLayer(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         """The residual stream `x` is updated in place: the model's forward owns it."""
-        x.add_(self.self_attn(self.input_layernorm(x), cos_sin, kv_cache, meta))
-        return x.add_(self.feed_forward(self.post_attention_layernorm(x)))
+        attended = self.self_attn(self.input_layernorm(x), cos_sin, kv_cache, meta)
+        return x.add_(self.feed_forward(self.post_attention_layernorm.add_and_norm(x, attended)))
 
     def feed_forward(self, h: torch.Tensor) -> torch.Tensor:
         """The MLP (a mixture-of-experts layer runs its sparse block instead)."""

@@ -1,32 +1,45 @@
-"""The CPU kernels built once per test session into a private cache."""
+"""The CPU kernels built once per test session into a private cache, each as this machine
+builds it and as a machine without AVX-512 would (its plain C loops)."""
 
 from __future__ import annotations
 
+import ctypes
 import platform
+from pathlib import Path
 
 import pytest
 
+from kvserve.model.cpu_kernels import decode_attention, layer_ops
 from kvserve.model.cpu_kernels.build import build
-from kvserve.model.cpu_kernels.decode_attention import SOURCE, DecodeAttentionKernel
+from kvserve.model.cpu_kernels.decode_attention import DecodeAttentionKernel
+from kvserve.model.cpu_kernels.layer_ops import LayerOps
 
 PORTABLE = ("-mno-avx512f",) if platform.machine() in ("x86_64", "AMD64") else ()
-"""Flags that turn the kernel's vector path off: its plain C loops are what a machine
-without AVX-512 runs."""
+"""Flags that turn the kernels' vector paths off."""
 
 
 @pytest.fixture(scope="session")
-def kernel_cache(tmp_path_factory: pytest.TempPathFactory):
+def kernel_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("kernels")
+
+
+def library(variant: str, cache: Path, source: Path) -> ctypes.CDLL:
+    """`source` built in `variant` ("native" or "portable") into `cache`, or a skip."""
+    if variant == "portable" and not PORTABLE:
+        pytest.skip("the native build is the portable one on this machine")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("KVSERVE_KERNEL_CACHE", str(cache))
+        built = build(source, PORTABLE if variant == "portable" else ())
+    if built.path is None:
+        pytest.skip(f"no kernel here: {built.reason}")
+    return ctypes.CDLL(str(built.path))
 
 
 @pytest.fixture(scope="session", params=["native", "portable"])
 def decode_kernel(request, kernel_cache) -> DecodeAttentionKernel:
-    """The decode attention kernel as this machine builds it, and its plain C variant."""
-    if request.param == "portable" and not PORTABLE:
-        pytest.skip("the native build is the portable one on this machine")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("KVSERVE_KERNEL_CACHE", str(kernel_cache))
-        built = build(SOURCE, PORTABLE if request.param == "portable" else ())
-    if built.path is None:
-        pytest.skip(f"no kernel here: {built.reason}")
-    return DecodeAttentionKernel(built.path)
+    return DecodeAttentionKernel(library(request.param, kernel_cache, decode_attention.SOURCE))
+
+
+@pytest.fixture(scope="session", params=["native", "portable"])
+def fused(request, kernel_cache) -> LayerOps:
+    return LayerOps(library(request.param, kernel_cache, layer_ops.SOURCE))

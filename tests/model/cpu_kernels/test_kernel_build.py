@@ -8,9 +8,10 @@ import logging
 import pytest
 import torch
 
-from kvserve.model.cpu_kernels import decode_attention
+from kvserve.model.cpu_kernels import decode_attention, layer_ops
 from kvserve.model.cpu_kernels.build import build
 from kvserve.model.cpu_kernels.decode_attention import SOURCE
+from kvserve.model.cpu_kernels.switch import enable_for
 
 
 def test_the_library_is_built_once_and_then_found_in_the_cache(tmp_path, monkeypatch):
@@ -40,22 +41,28 @@ def test_without_a_working_compiler_it_says_why(tmp_path, monkeypatch):
     assert not list(tmp_path.glob("*.so"))
 
 
+def forget_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As a fresh process: nothing built or loaded yet."""
+    for module, loaded in ((decode_attention, "_kernel"), (layer_ops, "_ops")):
+        monkeypatch.setattr(module, loaded, None)
+        monkeypatch.setattr(module, "_built", None)
+
+
 def test_the_switch_and_the_load_log_words(tmp_path, monkeypatch):
-    monkeypatch.setattr(decode_attention, "_kernel", None)
-    monkeypatch.setattr(decode_attention, "_built", None)
+    forget_kernels(monkeypatch)
     monkeypatch.setenv("KVSERVE_CPU_KERNELS", "0")
-    assert decode_attention.describe(torch.float32) == ""  # float32 keeps SDPA
-    assert "gather + SDPA (KVSERVE_CPU_KERNELS=0)" in decode_attention.describe(torch.bfloat16)
-    assert decode_attention.kernel() is None
-    monkeypatch.setattr(decode_attention, "_built", None)
+    assert enable_for(torch.float32) == ""  # float32 keeps torch's ops
+    assert enable_for(torch.bfloat16) == ", torch's ops only (KVSERVE_CPU_KERNELS=0)"
+    assert decode_attention.kernel() is None and layer_ops.ops() is None
+    forget_kernels(monkeypatch)
     monkeypatch.delenv("KVSERVE_CPU_KERNELS")
     monkeypatch.setenv("KVSERVE_KERNEL_CACHE", str(tmp_path))
-    words = decode_attention.describe(torch.bfloat16)
-    if decode_attention.kernel() is None:
-        pytest.skip(f"no kernel here: {words}")
-    assert words.startswith(", paged decode attention kernel (built in ")
-    monkeypatch.setattr(decode_attention, "_built", None)
-    assert decode_attention.describe(torch.bfloat16) == ", paged decode attention kernel (cached)"
+    words = enable_for(torch.bfloat16)
+    if decode_attention.kernel() is None or layer_ops.ops() is None:
+        pytest.skip(f"no kernels here: {words}")
+    assert words.startswith(", C kernels for decode attention and the layers' small ops (built")
+    forget_kernels(monkeypatch)
+    assert enable_for(torch.bfloat16).endswith("small ops (cached)")
 
 
 def test_a_bfloat16_engine_decodes_through_the_kernel(monkeypatch, caplog, tmp_path):
@@ -65,14 +72,13 @@ def test_a_bfloat16_engine_decodes_through_the_kernel(monkeypatch, caplog, tmp_p
     from kvserve.default_model import default_model_path
 
     monkeypatch.setenv("KVSERVE_KERNEL_CACHE", str(tmp_path))
-    monkeypatch.setattr(decode_attention, "_kernel", None)
-    monkeypatch.setattr(decode_attention, "_built", None)
+    forget_kernels(monkeypatch)
     with caplog.at_level(logging.INFO, logger="kvserve.model.runner"):
         llm = LLM(str(default_model_path()), dtype="bfloat16", num_threads=1)
     paged = decode_attention.kernel()
     if paged is None:
         pytest.skip("no kernel here")
-    assert "paged decode attention kernel (built in" in caplog.text
+    assert "C kernels for decode attention and the layers' small ops (built in" in caplog.text
     calls = []
     real = paged._fn
 

@@ -1,0 +1,149 @@
+"""A decoder layer's small bfloat16 ops (RMSNorm with its residual add, the rotary
+embedding, SiLU-and-multiply) as one C call each, on the CPU.
+
+A decode step of a small model is mostly the dispatch of its small ops: torch
+runs an RMSNorm as eight of them, the rotary embedding as four, the gated
+activation as three, each costing a few microseconds over a few thousand
+numbers. `layer_ops.c` computes the same arithmetic with the same roundings to
+bfloat16 in the same places (float32 between them), so the bits agree with
+torch's up to the order of a float32 sum (RMSNorm's mean) and the exp of SiLU
+(glibc's vector exp against torch's): a rare last-bit difference of a
+bfloat16. float32 keeps torch's ops, the engine's exact mode.
+
+Enabled, like the decode attention kernel, once by a bfloat16 runner on the
+CPU; `ops()` is None until then and wherever it cannot be built.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import torch
+
+from kvserve.model.cpu_kernels.build import Built, load
+
+SOURCE = Path(__file__).with_name("layer_ops.c")
+
+_P = ctypes.c_void_p
+_I = ctypes.c_int
+_L = ctypes.c_int64
+_F = ctypes.c_float
+_BF16 = torch.bfloat16
+
+
+class LayerOps:
+    """The loaded library's three functions, and what each accepts."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        self._norm = library.add_rms_norm_bf16
+        self._norm.restype = None
+        self._norm.argtypes = [_P, _P, _P, _P, _L, _I, _F, _I]
+        self._rotary = library.rotary_bf16
+        self._rotary.restype = None
+        self._rotary.argtypes = [_P, _L, _P, _P, _P, _L, _I, _I, _I]
+        self._silu_mul = library.silu_mul_bf16
+        self._silu_mul.restype = None
+        self._silu_mul.argtypes = [_P, _P, _L, _I, _I]
+
+    @staticmethod
+    def takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
+        """Whether `rms_norm` computes this norm: contiguous bfloat16 rows on the CPU."""
+        return (
+            x.dtype == _BF16
+            and weight.dtype == _BF16
+            and x.device.type == "cpu"
+            and x.is_contiguous()
+            and weight.is_contiguous()
+            and x.shape[-1] == weight.shape[0]
+        )
+
+    def rms_norm(
+        self, x: torch.Tensor, weight: torch.Tensor, eps: float, delta: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """weight * bf16(x / rms(x)) over the last dim, after x += delta in place."""
+        out = torch.empty_like(x)
+        if delta is not None:
+            if delta.shape != x.shape or delta.dtype != _BF16:
+                raise ValueError(f"a residual of {tuple(delta.shape)} for x of {tuple(x.shape)}")
+            delta = delta.contiguous()
+        dim = x.shape[-1]
+        self._norm(
+            x.data_ptr(),
+            None if delta is None else delta.data_ptr(),
+            weight.data_ptr(),
+            out.data_ptr(),
+            x.numel() // dim,
+            dim,
+            eps,
+            torch.get_num_threads(),
+        )
+        return out
+
+    @staticmethod
+    def rotates(x: torch.Tensor, cos: torch.Tensor) -> bool:
+        """Whether `rotary` computes this rotation: [T, heads, dim] bfloat16 rows (any row
+        stride) and whole-head [T, 1, dim] tables."""
+        return (
+            x.dtype == _BF16
+            and cos.dtype == _BF16
+            and x.device.type == "cpu"
+            and x.dim() == 3
+            and x.stride(2) == 1
+            and x.stride(1) == x.shape[2]
+            and cos.shape == (x.shape[0], 1, x.shape[2])
+            and cos.is_contiguous()
+            and x.shape[2] % 2 == 0
+        )
+
+    def rotary(self, x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+        """x * cos + rotate_half(x) * sin, [T, heads, dim] (a new contiguous tensor)."""
+        rows, heads, dim = x.shape
+        out = torch.empty(rows, heads, dim, dtype=_BF16)
+        sin = signed_sin.contiguous()
+        self._rotary(
+            x.data_ptr(),
+            x.stride(0),
+            cos.data_ptr(),
+            sin.data_ptr(),
+            out.data_ptr(),
+            rows,
+            heads,
+            dim,
+            torch.get_num_threads(),
+        )
+        return out
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor | None:
+        """bf16(silu(gate)) * up of [..., 2 * width] = [gate | up]; None when the tensor is
+        not contiguous bfloat16 on the CPU."""
+        if gate_up.dtype != _BF16 or gate_up.device.type != "cpu" or not gate_up.is_contiguous():
+            return None
+        width = gate_up.shape[-1] // 2
+        out = torch.empty(*gate_up.shape[:-1], width, dtype=_BF16)
+        self._silu_mul(
+            gate_up.data_ptr(),
+            out.data_ptr(),
+            gate_up.numel() // (2 * width),
+            width,
+            torch.get_num_threads(),
+        )
+        return out
+
+
+_ops: LayerOps | None = None
+_built: Built | None = None
+
+
+def ops() -> LayerOps | None:
+    """The process's layer ops once `enable()` loaded them; None otherwise."""
+    return _ops
+
+
+def enable() -> Built:
+    """Build or load the library (once per process; later calls return the first result)."""
+    global _ops, _built
+    if _built is None:
+        library, _built = load(SOURCE)
+        _ops = None if library is None else LayerOps(library)
+    return _built
