@@ -27,15 +27,20 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-FLAGS = (
-    "-O3", "-march=native", "-ffast-math", "-fno-reciprocal-math", "-fopenmp", "-shared", "-fPIC"
-) + (("-mno-recip",) if platform.machine() in ("x86_64", "AMD64") else ())  # fmt: skip
-"""-ffast-math lets exp vectorize (glibc's vector math) and the kernels never rely on
-infinities or NaN in their own arithmetic; -fno-reciprocal-math and x86's -mno-recip keep
-divisions and 1 / sqrt(x) exact (fast-math alone turns them into approximate reciprocals,
-and the SiLU of 5.9375 then rounds to another bfloat16 than torch's). -fopenmp: the
-OpenMP runtime torch loaded (libgomp.so.1, or Intel's libiomp5 preloaded) runs the
-kernels' threads."""
+FLAGS = ("-O3", "-march=native", "-ffast-math", "-fno-reciprocal-math", "-fopenmp", "-fPIC") + (
+    ("-mno-recip",) if platform.machine() in ("x86_64", "AMD64") else ()
+)
+"""Compile flags. -ffast-math lets exp vectorize (glibc's vector math) and the kernels never
+rely on infinities or NaN in their own arithmetic; -fno-reciprocal-math and x86's
+-mno-recip keep divisions and 1 / sqrt(x) exact (fast-math alone turns them into
+approximate reciprocals, and the SiLU of 5.9375 then rounds to another bfloat16 than
+torch's). -fopenmp: the OpenMP runtime torch loaded (libgomp.so.1, or Intel's libiomp5
+preloaded) runs the kernels' threads."""
+
+LINK = ("-shared", "-fopenmp")
+"""Link flags: without -ffast-math, which would link gcc's crtfastmath.o into the library
+and set flush-to-zero for the whole process when it loads (float32, the exact mode,
+would lose its subnormals)."""
 
 
 @dataclass(slots=True)
@@ -60,24 +65,35 @@ def build(source: Path, extra_flags: tuple[str, ...] = ()) -> Built:
         return Built(None, 0.0, "no C compiler (cc, or $CC) on PATH")
     flags = FLAGS + extra_flags
     headers = b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))
-    key = _key(source.read_bytes() + headers, compiler, flags)
+    key = _key(source.read_bytes() + headers, compiler, flags + LINK)
     target = cache_dir() / f"{source.stem}-{key}.so"
     if target.exists():
         return Built(target, 0.0)
     target.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        out = Path(tmp) / target.name
-        command = [compiler, *flags, str(source), "-o", str(out), "-lm"]
-        try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=120)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return Built(None, 0.0, f"{' '.join(command)}: {exc}")
-        if done.returncode != 0:
-            why = (done.stderr.strip().splitlines() or ["no message"])[-1]
-            return Built(None, 0.0, f"{compiler} failed: {why}")
+        obj, out = Path(tmp) / "kernel.o", Path(tmp) / target.name
+        for command in (
+            [compiler, *flags, "-c", str(source), "-o", str(obj)],
+            [compiler, *LINK, str(obj), "-o", str(out), "-lm"],
+        ):
+            failed = _run(command)
+            if failed:
+                return Built(None, 0.0, failed)
         os.replace(out, target)  # atomic: a concurrent build of the same key is harmless
     return Built(target, time.perf_counter() - start)
+
+
+def _run(command: list[str]) -> str:
+    """Run one compiler command; "" or why it failed."""
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{' '.join(command)}: {exc}"
+    if done.returncode != 0:
+        why = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        return f"{command[0]} failed: {why}"
+    return ""
 
 
 def _key(source: bytes, compiler: str, flags: tuple[str, ...]) -> str:

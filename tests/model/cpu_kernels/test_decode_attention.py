@@ -91,8 +91,9 @@ def test_shapes_it_does_not_compute_are_refused(decode_kernel):
 def test_paged_attention_decodes_by_the_kernel_as_gather_and_sdpa_do(
     decode_kernel, monkeypatch, window
 ):
-    """A step of 2 x DECODE_GROUP + 3 decodes (sorted groups, padding, a window) and one
-    prefill: the kernel's rows equal the gather + SDPA path's within bfloat16 rounding,
+    """A step of 2 x DECODE_GROUP + 3 decodes of mixed lengths (with a window) and one
+    prefill: the kernel reads every decode in one call (one group, no padding), and its
+    rows equal those of gather + SDPA over sorted padded groups within bfloat16 rounding;
     the prefill's rows are the same bits."""
     bs, kv_heads, heads, dim = 16, 2, 6, 64
     gen = torch.Generator().manual_seed(3)
@@ -103,8 +104,6 @@ def test_paged_attention_decodes_by_the_kernel_as_gather_and_sdpa_do(
     free = iter(torch.randperm(199, generator=gen).add(1).tolist())
     spans = [(n - 1, 1, [next(free) for _ in range(-(-n // bs))], 0) for n in lengths]
     spans.append((0, 20, [next(free), next(free)], 0))
-    meta = AttentionMetadata.build(spans, bs, CPU, window=window)
-    assert len(meta.decodes) == 3 and all(g.bounds is not None for g in meta.decodes)
     tokens = len(lengths) + 20
     q = torch.randn(tokens, heads, dim, generator=gen).to(BF16)
     k, v = (torch.randn(tokens, kv_heads, dim, generator=gen).to(BF16) for _ in range(2))
@@ -116,9 +115,13 @@ def test_paged_attention_decodes_by_the_kernel_as_gather_and_sdpa_do(
 
     counted.handles = decode_kernel.handles  # type: ignore[attr-defined]
     monkeypatch.setattr(decode_attention, "_kernel", counted)
+    meta = AttentionMetadata.build(spans, bs, CPU, window=window)
+    assert len(meta.decodes) == 1 and meta.decodes[0].bounds is not None  # one group, in order
     fast = paged_attention(q, k, v, *(c.clone() for c in caches), meta, dim**-0.5)
-    assert sorted(calls) == sorted(len(g.index) for g in meta.decodes)
+    assert calls == [len(lengths)]
     monkeypatch.setattr(decode_attention, "_kernel", None)
+    meta = AttentionMetadata.build(spans, bs, CPU, window=window)
+    assert len(meta.decodes) == 3  # sorted groups of DECODE_GROUP for gather + SDPA
     plain = paged_attention(q, k, v, *(c.clone() for c in caches), meta, dim**-0.5)
     decodes = slice(0, len(lengths))
     torch.testing.assert_close(fast[decodes].float(), plain[decodes].float(), atol=2e-2, rtol=2e-2)

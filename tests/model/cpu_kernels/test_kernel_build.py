@@ -4,6 +4,7 @@ and the engine's switch."""
 from __future__ import annotations
 
 import logging
+import os
 
 import pytest
 import torch
@@ -91,3 +92,31 @@ def test_a_bfloat16_engine_decodes_through_the_kernel(monkeypatch, caplog, tmp_p
     outs = llm.generate(["The capital of France is", "One, two, three,"], params)
     assert all(len(o.outputs[0].token_ids) == 4 for o in outs)
     assert calls == [2] * 30 * 3  # three decode steps of both rows, every layer
+
+
+LOAD_AND_DIVIDE = """
+import sys
+from kvserve.model.cpu_kernels.switch import enable_for
+import torch
+words = enable_for(torch.bfloat16)
+tiny = float(sys.argv[1])
+half = torch.tensor([tiny], dtype=torch.float32) * 0.5
+print("kernels" in words, tiny / 2 > 0, bool(half[0] > 0), words)
+"""
+
+
+def test_loading_the_kernels_keeps_the_process_subnormals(tmp_path):
+    """A library linked with -ffast-math sets flush-to-zero for the whole process when it
+    loads; float32 (the exact mode) and Python's own floats must keep their subnormals."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "KVSERVE_KERNEL_CACHE": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", LOAD_AND_DIVIDE, "1e-38"],
+        capture_output=True, text=True, env=env, timeout=120, check=True,
+    )  # fmt: skip
+    loaded, python_keeps, torch_keeps = done.stdout.split()[:3]
+    if loaded != "True":
+        pytest.skip(f"no kernels here: {done.stdout}")
+    assert (python_keeps, torch_keeps) == ("True", "True"), done.stdout
