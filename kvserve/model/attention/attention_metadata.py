@@ -22,7 +22,7 @@ from functools import partial
 
 import torch
 
-from kvserve.model.cpu_kernels.decode_attention import kernel as decode_kernel
+from kvserve.model.cpu_kernels.attention import kernel as attention_kernel
 
 
 @dataclass(slots=True)
@@ -62,7 +62,7 @@ class DecodeGroup:
     """Its rows are consecutive rows of the batch, in batch order."""
     bounds: torch.Tensor | None = None
     """[B, 2] int32: row b's real keys are slots[b, begin:end] (the CPU's paged decode
-    kernel reads only those: kvserve.model.cpu_kernels.decode_attention)."""
+    kernel reads only those: kvserve.model.cpu_kernels.attention)."""
 
 
 DECODE_GROUP = 16
@@ -195,7 +195,7 @@ def _decode_groups(
     decode is one group in batch order: it reads no padding, and the rows need no gather
     and scatter (a 64-row step 83 -> 80 ms)."""
     build = _decode_group if window is None else partial(_window_decode_group, window=window)
-    if len(decodes) <= DECODE_GROUP or (device.type == "cpu" and decode_kernel() is not None):
+    if len(decodes) <= DECODE_GROUP or (device.type == "cpu" and attention_kernel() is not None):
         return [build(decodes, block_size=block_size, device=device)] if decodes else []
     ordered = sorted(decodes, key=lambda d: d[1])
     return [

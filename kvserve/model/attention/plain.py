@@ -11,8 +11,8 @@ Reads gather the context through the flat slot indices of the step's
 AttentionMetadata (kvserve.model.attention.attention_metadata). A fresh prefill
 attends to its own new k/v directly; decodes are attended in padded groups of
 similar context length, each row over its own slots (bfloat16 on the CPU: by the
-paged C kernel of kvserve.model.cpu_kernels.decode_attention, which reads the slots
-in place instead of gathering them).
+paged C kernel of kvserve.model.cpu_kernels.attention, which reads the slots
+in place instead of gathering them; a fresh prefill there by its C kernel too).
 Grouped-query attention never repeats the kv heads, except on the soft-capped
 prefill path.
 """
@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from kvserve.model.attention.attention_metadata import AttentionMetadata, DecodeGroup
 from kvserve.model.attention.paged_metadata import PagedMetadata
-from kvserve.model.cpu_kernels.decode_attention import kernel as decode_kernel
+from kvserve.model.cpu_kernels.attention import kernel as attention_kernel
 
 if TYPE_CHECKING:
     from kvserve.model.attention.flex_metadata import FlexMetadata
@@ -81,11 +81,15 @@ def paged_attention(
         return flex_attention_read(q, k_flat, v_flat, meta, scale, softcap)
     if meta.whole_batch is not None:  # a lone decoding request, or decodes in batch order
         return _decode_attention(q, k_flat, v_flat, meta.whole_batch, scale, softcap).flatten(1)
-    out = torch.empty_like(q)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    paged = attention_kernel()
     for span in meta.prefills:
         rows = slice(span.query_start, span.query_start + span.query_len)
         if span.slots is None:
             keys, values = k[rows], v[rows]
+            if span.causal and softcap is None and paged and paged.prefills(q[rows], keys, values):
+                paged.prefill(q[rows], keys, values, out[rows], scale)
+                continue
         else:
             keys, values = k_flat[span.slots], v_flat[span.slots]
         # 4-D with enable_gqa: the kv heads are not copied per query head, and torch's
@@ -148,9 +152,9 @@ def _decode_attention(
     one kv head into the query length: [B, kv_heads, groups, head_dim], so the
     kv heads are never repeated.
     """
-    paged = decode_kernel()
+    paged = attention_kernel()
     if paged is not None and group.bounds is not None and paged.handles(query, k_flat):
-        return paged(query, k_flat, v_flat, group.slots, group.bounds, scale, softcap)
+        return paged.decode(query, k_flat, v_flat, group.slots, group.bounds, scale, softcap)
     batch, num_heads, dim = query.shape
     kv_heads = k_flat.shape[1]
     query = query.reshape(batch, kv_heads, num_heads // kv_heads, dim)

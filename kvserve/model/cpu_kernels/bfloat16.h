@@ -19,4 +19,16 @@ static inline uint16_t to_bf(float f) {
 
 static inline float round_bf(float f) { return bf(to_bf(f)); }
 
+/* Subnormal floats flushed to zero inside a kernel only (each thread sets and restores its
+ * own control register): the softmax's exp of a far-below-max score is subnormal, and x86
+ * computes with subnormals by slow microcode. The process's own state is left alone. */
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#define FLUSH_SUBNORMALS unsigned int saved_csr_ = _mm_getcsr(); _mm_setcsr(saved_csr_ | 0x8040u)
+#define RESTORE_SUBNORMALS _mm_setcsr(saved_csr_)
+#else
+#define FLUSH_SUBNORMALS do {} while (0)
+#define RESTORE_SUBNORMALS do {} while (0)
+#endif
+
 #endif

@@ -24,6 +24,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -134,3 +135,15 @@ def load(source: Path) -> tuple[ctypes.CDLL | None, Built]:
         return ctypes.CDLL(str(built.path)), built
     except OSError as exc:
         return None, Built(None, built.seconds, f"{built.path} does not load: {exc}")
+
+
+POINTER, INT, INT64, FLOAT = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
+"""The C types of the kernels' arguments (tensors are passed as data pointers)."""
+
+
+def function(library: ctypes.CDLL, name: str, restype: type | None, *argtypes: type) -> Any:
+    """`library.name` with its C signature declared (ctypes converts and checks each call)."""
+    fn = getattr(library, name)
+    fn.restype = restype
+    fn.argtypes = list(argtypes)
+    return fn

@@ -21,14 +21,11 @@ from pathlib import Path
 
 import torch
 
-from kvserve.model.cpu_kernels.build import Built, load
+from kvserve.model.cpu_kernels.build import FLOAT, INT, INT64, POINTER, Built, function, load
 
 SOURCE = Path(__file__).with_name("layer_ops.c")
 
-_P = ctypes.c_void_p
-_I = ctypes.c_int
-_L = ctypes.c_int64
-_F = ctypes.c_float
+_P, _I, _L, _F = POINTER, INT, INT64, FLOAT
 _BF16 = torch.bfloat16
 
 
@@ -36,15 +33,9 @@ class LayerOps:
     """The loaded library's three functions, and what each accepts."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
-        self._norm = library.add_rms_norm_bf16
-        self._norm.restype = None
-        self._norm.argtypes = [_P, _P, _P, _P, _L, _I, _F, _I]
-        self._rotary = library.rotary_bf16
-        self._rotary.restype = None
-        self._rotary.argtypes = [_P, _L, _P, _P, _P, _L, _I, _I, _I]
-        self._silu_mul = library.silu_mul_bf16
-        self._silu_mul.restype = None
-        self._silu_mul.argtypes = [_P, _P, _L, _I, _I]
+        self._norm = function(library, "add_rms_norm_bf16", None, _P, _P, _P, _P, _L, _I, _F, _I)
+        self._rotary = function(library, "rotary_bf16", None, _P, _L, _P, _P, _P, _L, _I, _I, _I)
+        self._silu_mul = function(library, "silu_mul_bf16", None, _P, _P, _L, _I, _I)
 
     @staticmethod
     def takes(x: torch.Tensor, weight: torch.Tensor) -> bool:

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import torch
 
-from kvserve.model.cpu_kernels import decode_attention, layer_ops
+from kvserve.model.cpu_kernels import attention, layer_ops
 
 
 def enable_for(dtype: torch.dtype) -> str:
     """Enable the kernels for an engine of `dtype` on the CPU; the load log's words."""
     if dtype != torch.bfloat16:
         return ""
-    results = [decode_attention.enable(), layer_ops.enable()]
+    results = [attention.enable(), layer_ops.enable()]
     missing = [r.reason for r in results if r.path is None]
     if missing:
         return f", torch's ops only ({missing[0]})"

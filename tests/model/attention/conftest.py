@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvserve.model.cpu_kernels import decode_attention
+from kvserve.model.cpu_kernels import attention
 from tests.model.attention.backend_oracle import Reference, tiny_llama
 
 
@@ -19,4 +19,4 @@ def torch_decode_attention(monkeypatch: pytest.MonkeyPatch) -> None:
     """These tests are of the torch backends' own paths and groups: the CPU's decode kernel
     (process-wide, on once a bfloat16 runner in this worker enabled it) stays off here;
     tests/model/cpu_kernels tests it."""
-    monkeypatch.setattr(decode_attention, "_kernel", None)
+    monkeypatch.setattr(attention, "_kernel", None)

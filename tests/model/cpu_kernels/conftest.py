@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from kvserve.model.cpu_kernels import decode_attention, layer_ops
+from kvserve.model.cpu_kernels import attention, layer_ops
+from kvserve.model.cpu_kernels.attention import AttentionKernel
 from kvserve.model.cpu_kernels.build import build
-from kvserve.model.cpu_kernels.decode_attention import DecodeAttentionKernel
 from kvserve.model.cpu_kernels.layer_ops import LayerOps
 
 PORTABLE = ("-mno-avx512f",) if platform.machine() in ("x86_64", "AMD64") else ()
@@ -36,8 +36,8 @@ def library(variant: str, cache: Path, source: Path) -> ctypes.CDLL:
 
 
 @pytest.fixture(scope="session", params=["native", "portable"])
-def decode_kernel(request, kernel_cache) -> DecodeAttentionKernel:
-    return DecodeAttentionKernel(library(request.param, kernel_cache, decode_attention.SOURCE))
+def attention_kernel(request, kernel_cache) -> AttentionKernel:
+    return AttentionKernel(library(request.param, kernel_cache, attention.SOURCE))
 
 
 @pytest.fixture(scope="session", params=["native", "portable"])

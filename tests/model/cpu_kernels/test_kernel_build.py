@@ -9,9 +9,9 @@ import os
 import pytest
 import torch
 
-from kvserve.model.cpu_kernels import decode_attention, layer_ops
+from kvserve.model.cpu_kernels import attention, layer_ops
+from kvserve.model.cpu_kernels.attention import SOURCE
 from kvserve.model.cpu_kernels.build import build
-from kvserve.model.cpu_kernels.decode_attention import SOURCE
 from kvserve.model.cpu_kernels.switch import enable_for
 
 
@@ -44,7 +44,7 @@ def test_without_a_working_compiler_it_says_why(tmp_path, monkeypatch):
 
 def forget_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
     """As a fresh process: nothing built or loaded yet."""
-    for module, loaded in ((decode_attention, "_kernel"), (layer_ops, "_ops")):
+    for module, loaded in ((attention, "_kernel"), (layer_ops, "_ops")):
         monkeypatch.setattr(module, loaded, None)
         monkeypatch.setattr(module, "_built", None)
 
@@ -54,12 +54,12 @@ def test_the_switch_and_the_load_log_words(tmp_path, monkeypatch):
     monkeypatch.setenv("KVSERVE_CPU_KERNELS", "0")
     assert enable_for(torch.float32) == ""  # float32 keeps torch's ops
     assert enable_for(torch.bfloat16) == ", torch's ops only (KVSERVE_CPU_KERNELS=0)"
-    assert decode_attention.kernel() is None and layer_ops.ops() is None
+    assert attention.kernel() is None and layer_ops.ops() is None
     forget_kernels(monkeypatch)
     monkeypatch.delenv("KVSERVE_CPU_KERNELS")
     monkeypatch.setenv("KVSERVE_KERNEL_CACHE", str(tmp_path))
     words = enable_for(torch.bfloat16)
-    if decode_attention.kernel() is None or layer_ops.ops() is None:
+    if attention.kernel() is None or layer_ops.ops() is None:
         pytest.skip(f"no kernels here: {words}")
     assert words.startswith(", C kernels for decode attention and the layers' small ops (built")
     forget_kernels(monkeypatch)
@@ -76,7 +76,7 @@ def test_a_bfloat16_engine_decodes_through_the_kernel(monkeypatch, caplog, tmp_p
     forget_kernels(monkeypatch)
     with caplog.at_level(logging.INFO, logger="kvserve.model.runner"):
         llm = LLM(str(default_model_path()), dtype="bfloat16", num_threads=1)
-    paged = decode_attention.kernel()
+    paged = attention.kernel()
     if paged is None:
         pytest.skip("no kernel here")
     assert "C kernels for decode attention and the layers' small ops (built in" in caplog.text

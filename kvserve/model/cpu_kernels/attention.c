@@ -1,5 +1,7 @@
-/* Paged decode attention for bfloat16 on the CPU (kvserve/model/cpu_kernels).
+/* Attention for bfloat16 on the CPU (kvserve/model/cpu_kernels): paged decode, and a fresh
+ * prefill's causal attention.
  *
+ * Decode:
  * One query token per sequence reads its context straight from the paged K/V
  * cache through its slot list: no gathered copy of the context, no padding.
  * Work items are (sequence, kv head): the group's query heads share every key
@@ -149,6 +151,7 @@ int decode_attention_bf16(
     int failed = 0;
 #pragma omp parallel num_threads(num_threads)
     {
+        FLUSH_SUBNORMALS;
         float *scores = (float *)malloc(sizeof(float) * (size_t)group * (size_t)(width > 0 ? width : 1));
         if (scores == NULL) {
 #pragma omp atomic write
@@ -161,6 +164,7 @@ int decode_attention_bf16(
             int begin = bounds[2 * b], n = bounds[2 * b + 1] - begin;
             const int64_t *row = slots + (int64_t)b * width + begin;
             float query[MAX_GROUP][MAX_DIM], acc[MAX_GROUP][MAX_DIM], kv[MAX_DIM];
+            (void)kv; /* the plain C loops' row */
             float top[MAX_GROUP], total[MAX_GROUP];
             for (int g = 0; g < group; g++) {
                 row_to_float(q + ((int64_t)b * heads + h * group + g) * dim, query[g], dim);
@@ -212,6 +216,147 @@ int decode_attention_bf16(
             }
         }
         free(scores);
+        RESTORE_SUBNORMALS;
     }
     return failed ? -1 : 0;
 }
+
+/* ---- a fresh prefill's causal attention ------------------------------------------- */
+
+#if defined(__AVX512BF16__) && defined(__AVX512F__) && defined(__AVX512BW__)
+#define QROWS 16
+#define KEYS 16
+
+static inline __m512 exp16(__m512 x) {
+    float a[16];
+    _mm512_storeu_ps(a, x);
+    for (int i = 0; i < 16; i++) a[i] = expf(a[i]);
+    return _mm512_loadu_ps(a);
+}
+
+/* causal attention of one fresh sequence over its own keys: query row i sees keys 0..i.
+ * Work items: (kv head, block of 16 query rows), all the group's query heads; two passes
+ * over the key tiles: the scores (dot products of bfloat16 pairs, float32 sums) and their
+ * row maxima, then the weights exp(s - max) (sums in float32, the weights rounded to
+ * bfloat16, as SDPA's flash kernel does) times the values. */
+int prefill_attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *k,
+                           int64_t k_stride, const uint16_t *v, int64_t v_stride,
+                           uint16_t *out, int len, int heads, int kv_heads, int dim,
+                           float scale, int num_threads) {
+    if (kv_heads <= 0 || heads % kv_heads != 0 || dim % 64 != 0 || dim > MAX_DIM) return -1;
+    int group = heads / kv_heads;
+    if (group > MAX_GROUP) return -1;
+    int blocks = (len + QROWS - 1) / QROWS;
+    int pairs = dim / 2, chunks = dim / 16;
+    int width = blocks * QROWS; /* keys, padded to whole tiles */
+    int failed = 0;
+#pragma omp parallel num_threads(num_threads)
+    {
+        FLUSH_SUBNORMALS;
+        float *scores = (float *)malloc(sizeof(float) * MAX_GROUP * QROWS * (size_t)(width > 0 ? width : 1));
+        if (scores == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int item = 0; item < kv_heads * blocks; item++) {
+            if (scores == NULL) continue;
+            int h = item % kv_heads, qb = blocks - 1 - item / kv_heads; /* longest first */
+            int r0 = qb * QROWS, rows = len - r0 < QROWS ? len - r0 : QROWS;
+            int last_key = r0 + rows;
+            uint32_t kt[MAX_DIM / 2][KEYS] __attribute__((aligned(64)));
+            uint32_t vt[KEYS / 2][MAX_DIM] __attribute__((aligned(64)));
+            __m512 vmax[MAX_GROUP * QROWS], vsum[MAX_GROUP * QROWS];
+            for (int st = 0; st < group * rows; st++) vmax[st] = _mm512_set1_ps(-FLT_MAX);
+            for (int k0 = 0; k0 < last_key; k0 += KEYS) {
+                int nk = last_key - k0 < KEYS ? last_key - k0 : KEYS;
+                for (int j = 0; j < KEYS; j++) {
+                    const uint32_t *row = (const uint32_t *)(k + (int64_t)(k0 + (j < nk ? j : 0)) * k_stride + (int64_t)h * dim);
+                    for (int p = 0; p < pairs; p++) kt[p][j] = j < nk ? row[p] : 0;
+                }
+                for (int g = 0; g < group; g++)
+                    for (int i = 0; i < rows; i++) {
+                        int row = r0 + i, st = g * rows + i;
+                        if (row < k0) continue;
+                        const uint32_t *qrow = (const uint32_t *)(q + (int64_t)row * q_stride + (int64_t)(h * group + g) * dim);
+                        __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+                        for (int p = 0; p < pairs; p += 4) {
+                            s0 = _mm512_dpbf16_ps(s0, (__m512bh)_mm512_set1_epi32((int)qrow[p]), (__m512bh)_mm512_load_si512(kt[p]));
+                            s1 = _mm512_dpbf16_ps(s1, (__m512bh)_mm512_set1_epi32((int)qrow[p + 1]), (__m512bh)_mm512_load_si512(kt[p + 1]));
+                            s2 = _mm512_dpbf16_ps(s2, (__m512bh)_mm512_set1_epi32((int)qrow[p + 2]), (__m512bh)_mm512_load_si512(kt[p + 2]));
+                            s3 = _mm512_dpbf16_ps(s3, (__m512bh)_mm512_set1_epi32((int)qrow[p + 3]), (__m512bh)_mm512_load_si512(kt[p + 3]));
+                        }
+                        __m512 s = _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)), _mm512_set1_ps(scale));
+                        int visible = row - k0 + 1 < nk ? row - k0 + 1 : nk;
+                        __mmask16 keep = (__mmask16)(visible >= 16 ? 0xFFFF : ((1u << visible) - 1));
+                        s = _mm512_mask_blend_ps(keep, _mm512_set1_ps(-FLT_MAX), s);
+                        _mm512_storeu_ps(scores + (size_t)st * width + k0, s);
+                        vmax[st] = _mm512_max_ps(vmax[st], s);
+                    }
+            }
+            float top[MAX_GROUP * QROWS];
+            __m512 acc[MAX_GROUP * QROWS][MAX_DIM / 16];
+            for (int st = 0; st < group * rows; st++) {
+                top[st] = _mm512_reduce_max_ps(vmax[st]);
+                vsum[st] = _mm512_setzero_ps();
+                for (int c = 0; c < chunks; c++) acc[st][c] = _mm512_setzero_ps();
+            }
+            for (int k0 = 0; k0 < last_key; k0 += KEYS) {
+                int nk = last_key - k0 < KEYS ? last_key - k0 : KEYS;
+                for (int jj = 0; jj < KEYS / 2; jj++) {
+                    int a = 2 * jj, b = 2 * jj + 1;
+                    const uint16_t *va = v + (int64_t)(k0 + (a < nk ? a : 0)) * v_stride + (int64_t)h * dim;
+                    const uint16_t *vb = v + (int64_t)(k0 + (b < nk ? b : 0)) * v_stride + (int64_t)h * dim;
+                    for (int d = 0; d < dim; d++)
+                        vt[jj][d] = (uint32_t)(a < nk ? va[d] : 0) | ((uint32_t)(b < nk ? vb[d] : 0) << 16);
+                }
+                for (int g = 0; g < group; g++)
+                    for (int i = 0; i < rows; i++) {
+                        int row = r0 + i, st = g * rows + i;
+                        if (row < k0) continue;
+                        int visible = row - k0 + 1 < nk ? row - k0 + 1 : nk;
+                        __mmask16 keep = (__mmask16)(visible >= 16 ? 0xFFFF : ((1u << visible) - 1));
+                        __m512 s = _mm512_loadu_ps(scores + (size_t)st * width + k0);
+                        __m512 e = _mm512_maskz_mov_ps(keep, exp16(_mm512_sub_ps(s, _mm512_set1_ps(top[st]))));
+                        vsum[st] = _mm512_add_ps(vsum[st], e);
+                        uint32_t pw[8];
+                        _mm256_storeu_si256((__m256i *)pw, (__m256i)_mm512_cvtneps_pbh(e));
+                        __m512 a0 = acc[st][0], a1 = acc[st][1], a2 = acc[st][2], a3 = acc[st][3];
+                        for (int jj = 0; jj < (visible + 1) / 2; jj++) {
+                            __m512bh pj = (__m512bh)_mm512_set1_epi32((int)pw[jj]);
+                            a0 = _mm512_dpbf16_ps(a0, pj, (__m512bh)_mm512_load_si512(&vt[jj][0]));
+                            a1 = _mm512_dpbf16_ps(a1, pj, (__m512bh)_mm512_load_si512(&vt[jj][16]));
+                            a2 = _mm512_dpbf16_ps(a2, pj, (__m512bh)_mm512_load_si512(&vt[jj][32]));
+                            a3 = _mm512_dpbf16_ps(a3, pj, (__m512bh)_mm512_load_si512(&vt[jj][48]));
+                            for (int c = 4; c < chunks; c++)
+                                acc[st][c] = _mm512_dpbf16_ps(acc[st][c], pj, (__m512bh)_mm512_load_si512(&vt[jj][c * 16]));
+                        }
+                        acc[st][0] = a0, acc[st][1] = a1, acc[st][2] = a2, acc[st][3] = a3;
+                    }
+            }
+            for (int g = 0; g < group; g++)
+                for (int i = 0; i < rows; i++) {
+                    int st = g * rows + i;
+                    uint16_t *o = out + ((int64_t)(r0 + i) * heads + h * group + g) * dim;
+                    __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(vsum[st]));
+                    float tmp[MAX_DIM];
+                    for (int c = 0; c < chunks; c++) _mm512_storeu_ps(tmp + c * 16, _mm512_mul_ps(acc[st][c], inv));
+                    for (int d = 0; d < dim; d++) o[d] = to_bf(tmp[d]);
+                }
+        }
+        free(scores);
+        RESTORE_SUBNORMALS;
+    }
+    return failed ? -1 : 0;
+}
+#else
+/* Without AVX-512 BF16 the caller keeps SDPA's flash kernel. */
+int prefill_attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *k,
+                           int64_t k_stride, const uint16_t *v, int64_t v_stride,
+                           uint16_t *out, int len, int heads, int kv_heads, int dim,
+                           float scale, int num_threads) {
+    (void)q, (void)q_stride, (void)k, (void)k_stride, (void)v, (void)v_stride, (void)out;
+    (void)len, (void)heads, (void)kv_heads, (void)dim, (void)scale, (void)num_threads;
+    return -1;
+}
+#endif

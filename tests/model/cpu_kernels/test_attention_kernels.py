@@ -8,7 +8,7 @@ import torch
 
 from kvserve.model.attention.attention_metadata import DECODE_GROUP, AttentionMetadata
 from kvserve.model.attention.plain import paged_attention
-from kvserve.model.cpu_kernels import decode_attention
+from kvserve.model.cpu_kernels import attention
 
 BF16 = torch.bfloat16
 CPU = torch.device("cpu")
@@ -49,7 +49,7 @@ def assert_bfloat16_close(out: torch.Tensor, expected: torch.Tensor) -> None:
 
 
 @pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (4, 4, 128), (8, 2, 32)])
-def test_every_context_length_through_the_tiles(decode_kernel, heads, kv_heads, dim):
+def test_every_context_length_through_the_tiles(attention_kernel, heads, kv_heads, dim):
     """Rows of 1..40 keys (tiles of 16 full, partial, single) from shuffled slots."""
     k_flat, v_flat, gen = scattered_cache(4096, kv_heads, dim, seed=dim)
     lengths = list(range(1, 41))
@@ -59,11 +59,11 @@ def test_every_context_length_through_the_tiles(decode_kernel, heads, kv_heads, 
         slots[b, :n] = torch.randperm(4095, generator=gen)[:n] + 1
     bounds = torch.tensor([[0, n] for n in lengths], dtype=torch.int32)
     query = torch.randn(len(lengths), heads, dim, generator=gen).to(BF16)
-    out = decode_kernel(query, k_flat, v_flat, slots, bounds, dim**-0.5)
+    out = attention_kernel.decode(query, k_flat, v_flat, slots, bounds, dim**-0.5)
     assert_bfloat16_close(out, reference(query, k_flat, v_flat, slots, bounds, dim**-0.5))
 
 
-def test_windows_long_contexts_and_soft_capping(decode_kernel):
+def test_windows_long_contexts_and_soft_capping(attention_kernel):
     """Rows whose keys start past the padding (a sliding window), 1,000 keys, soft-cap."""
     k_flat, v_flat, gen = scattered_cache(8192, 2, 64, seed=1)
     width = 1000
@@ -71,30 +71,30 @@ def test_windows_long_contexts_and_soft_capping(decode_kernel):
     bounds = torch.tensor([[0, 1000], [990, 1000], [500, 517]], dtype=torch.int32)
     query = (4 * torch.randn(3, 8, 64, generator=gen)).to(BF16)  # large scores
     for softcap in (None, 5.0):
-        out = decode_kernel(query, k_flat, v_flat, slots, bounds, 0.125, softcap)
+        out = attention_kernel.decode(query, k_flat, v_flat, slots, bounds, 0.125, softcap)
         expected = reference(query, k_flat, v_flat, slots, bounds, 0.125, softcap)
         assert_bfloat16_close(out, expected)
 
 
-def test_shapes_it_does_not_compute_are_refused(decode_kernel):
+def test_shapes_it_does_not_compute_are_refused(attention_kernel):
     k_flat, v_flat, _ = scattered_cache(64, 2, 72, seed=2)
     query = torch.zeros(1, 4, 72, dtype=BF16)
-    assert not decode_kernel.handles(query, k_flat)  # 72 is no multiple of 16
+    assert not attention_kernel.handles(query, k_flat)  # 72 is no multiple of 16
     slots = torch.ones(1, 3, dtype=torch.long)
     bounds = torch.tensor([[0, 3]], dtype=torch.int32)
     with pytest.raises(RuntimeError, match="refused 1 rows of 4 heads of 72"):
-        decode_kernel(query, k_flat, v_flat, slots, bounds, 0.1)
-    assert not decode_kernel.handles(query.float(), k_flat.float())
+        attention_kernel.decode(query, k_flat, v_flat, slots, bounds, 0.1)
+    assert not attention_kernel.handles(query.float(), k_flat.float())
 
 
 @pytest.mark.parametrize("window", [None, 24])
-def test_paged_attention_decodes_by_the_kernel_as_gather_and_sdpa_do(
-    decode_kernel, monkeypatch, window
+def test_paged_attention_runs_the_kernels_as_gather_and_sdpa_do(
+    attention_kernel, monkeypatch, window
 ):
     """A step of 2 x DECODE_GROUP + 3 decodes of mixed lengths (with a window) and one
-    prefill: the kernel reads every decode in one call (one group, no padding), and its
-    rows equal those of gather + SDPA over sorted padded groups within bfloat16 rounding;
-    the prefill's rows are the same bits."""
+    fresh prefill: the kernel reads every decode in one call (one group, no padding), the
+    prefill (causal, no window) by the prefill kernel, and the rows equal those of gather +
+    SDPA over sorted padded groups and of SDPA's flash kernel within bfloat16 rounding."""
     bs, kv_heads, heads, dim = 16, 2, 6, 64
     gen = torch.Generator().manual_seed(3)
     caches = [torch.randn(200, bs, kv_heads, dim, generator=gen).to(BF16) for _ in range(2)]
@@ -107,22 +107,62 @@ def test_paged_attention_decodes_by_the_kernel_as_gather_and_sdpa_do(
     tokens = len(lengths) + 20
     q = torch.randn(tokens, heads, dim, generator=gen).to(BF16)
     k, v = (torch.randn(tokens, kv_heads, dim, generator=gen).to(BF16) for _ in range(2))
-    calls = []
+    calls: list[tuple[str, int]] = []
 
-    def counted(*args, **kwargs):
-        calls.append(args[0].shape[0])
-        return decode_kernel(*args, **kwargs)
+    class Counted:
+        can_prefill = attention_kernel.can_prefill
+        handles, prefills = attention_kernel.handles, attention_kernel.prefills
 
-    counted.handles = decode_kernel.handles  # type: ignore[attr-defined]
-    monkeypatch.setattr(decode_attention, "_kernel", counted)
+        def decode(self, query, *args):
+            calls.append(("decode", query.shape[0]))
+            return attention_kernel.decode(query, *args)
+
+        def prefill(self, query, *args):
+            calls.append(("prefill", query.shape[0]))
+            return attention_kernel.prefill(query, *args)
+
+    monkeypatch.setattr(attention, "_kernel", Counted())
     meta = AttentionMetadata.build(spans, bs, CPU, window=window)
     assert len(meta.decodes) == 1 and meta.decodes[0].bounds is not None  # one group, in order
     fast = paged_attention(q, k, v, *(c.clone() for c in caches), meta, dim**-0.5)
-    assert calls == [len(lengths)]
-    monkeypatch.setattr(decode_attention, "_kernel", None)
+    prefilled = window is None and attention_kernel.can_prefill
+    assert calls == [("prefill", 20)] * prefilled + [("decode", len(lengths))]
+    monkeypatch.setattr(attention, "_kernel", None)
     meta = AttentionMetadata.build(spans, bs, CPU, window=window)
     assert len(meta.decodes) == 3  # sorted groups of DECODE_GROUP for gather + SDPA
     plain = paged_attention(q, k, v, *(c.clone() for c in caches), meta, dim**-0.5)
-    decodes = slice(0, len(lengths))
-    torch.testing.assert_close(fast[decodes].float(), plain[decodes].float(), atol=2e-2, rtol=2e-2)
-    assert torch.equal(fast[len(lengths) :], plain[len(lengths) :])
+    torch.testing.assert_close(fast.float(), plain.float(), atol=2e-2, rtol=2e-2)
+    if not prefilled:  # SDPA's flash kernel ran the prefill both times
+        assert torch.equal(fast[len(lengths) :], plain[len(lengths) :])
+
+
+def causal_reference(q, k, v, scale):
+    """float64 causal attention of one sequence, the weights rounded to bfloat16 (as in
+    `reference`)."""
+    length, heads, kv_heads = q.shape[0], q.shape[1], k.shape[1]
+    keys = k.double().repeat_interleave(heads // kv_heads, 1)
+    values = v.double().repeat_interleave(heads // kv_heads, 1)
+    scores = torch.einsum("thd,shd->hts", q.double(), keys) * scale
+    scores = scores.masked_fill(torch.ones(length, length, dtype=torch.bool).triu(1), -torch.inf)
+    weights = (scores - scores.amax(-1, keepdim=True)).exp()
+    total = weights.sum(-1, keepdim=True)
+    return torch.einsum("hts,shd->thd", weights.to(BF16).double() / total, values)
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (2, 2, 128)])
+def test_a_fresh_prefill_at_every_length_through_the_tiles(attention_kernel, heads, kv_heads, dim):
+    """Every length from 1 to 70 (query and key tiles of 16: full, partial, single) and
+    300, read out of a fused qkv row (strided views), written into a slice of a batch."""
+    if not attention_kernel.can_prefill:
+        pytest.skip("this machine's build has no prefill kernel (AVX-512 bfloat16)")
+    gen = torch.Generator().manual_seed(dim)
+    for length in [*range(1, 71), 300]:
+        qkv = torch.randn(length, heads + 2 * kv_heads, dim, generator=gen).to(BF16)
+        q, k, v = qkv.split([heads, kv_heads, kv_heads], dim=1)
+        assert attention_kernel.prefills(q, k, v)
+        batch = torch.full((length + 2, heads, dim), 7.0, dtype=BF16)
+        attention_kernel.prefill(q, k, v, batch[1 : length + 1], dim**-0.5)
+        assert_bfloat16_close(batch[1 : length + 1], causal_reference(q, k, v, dim**-0.5))
+        assert bool((batch[0] == 7).all() and (batch[-1] == 7).all())  # nothing else written
+    with pytest.raises(ValueError, match="contiguous"):
+        attention_kernel.prefill(q, k, v, batch[:, :1], dim**-0.5)
