@@ -190,6 +190,7 @@ def run(args: argparse.Namespace) -> int:
 
     from kvserve.serve.build import build_served_engine
     from kvserve.serve.connections import timed_h11
+    from kvserve.serve.engine_thread import freeze_heap
     from kvserve.serve.lifecycle import DrainingServer
 
     engine_args.kv_events_config = loopback_events(engine_args.kv_events_config)
@@ -214,6 +215,7 @@ def run(args: argparse.Namespace) -> int:
     )
     server = DrainingServer(config, state, args.shutdown_timeout)
     servers.append(server)
+    freeze_heap()  # this process serves this one engine for its life
     engine.start()
     try:
         server.run()

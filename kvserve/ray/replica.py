@@ -32,6 +32,7 @@ from kvserve.cli.serve import API_KEY_ENV, limits_from
 from kvserve.ray.asgi import run_asgi
 from kvserve.ray.options import parse_serve_argv
 from kvserve.serve.build import build_served_engine
+from kvserve.serve.engine_thread import freeze_heap
 
 log = logging.getLogger("kvserve.ray")
 
@@ -65,6 +66,7 @@ class KVServeReplica:
         )
         self.app = self.served.app()
         self.boot = uuid.uuid4().hex
+        freeze_heap()  # a replica's process serves this one engine for its life
         self.served.engine.start()
         log.info("replica %s: serving %s", self.boot, self.served.llm.model.description)
 

