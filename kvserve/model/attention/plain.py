@@ -91,6 +91,15 @@ def paged_attention(
                 paged.prefill(q[rows], keys, values, out[rows], scale)
                 continue
         else:
+            # after a cached prefix (no window: the context is all of [0, end)): in place
+            if (
+                meta.window is None
+                and softcap is None
+                and paged
+                and paged.prefills(q[rows], k_flat, v_flat)
+            ):
+                paged.prefill(q[rows], k_flat, v_flat, out[rows], scale, span.slots)
+                continue
             keys, values = k_flat[span.slots], v_flat[span.slots]
         # 4-D with enable_gqa: the kv heads are not copied per query head, and torch's
         # CPU flash kernel takes this path (twice as fast as 3-D with repeated heads).

@@ -227,6 +227,9 @@ int decode_attention_bf16(
 #define QROWS 16
 #define KEYS 16
 
+/* key j's row: through the context's slots, or the j-th row of a fresh prefill's own */
+static inline int64_t key_row(const int64_t *slots, int j) { return slots ? slots[j] : j; }
+
 static inline __m512 exp16(__m512 x) {
     float a[16];
     _mm512_storeu_ps(a, x);
@@ -234,21 +237,26 @@ static inline __m512 exp16(__m512 x) {
     return _mm512_loadu_ps(a);
 }
 
-/* causal attention of one fresh sequence over its own keys: query row i sees keys 0..i.
- * Work items: (kv head, block of 16 query rows), all the group's query heads; two passes
+/* causal attention of one sequence's `len` new queries, at positions context - len ..
+ * context - 1, over its keys 0 .. context - 1: a fresh prefill's own rows (slots NULL, the
+ * context is the new tokens), or a prefill after a cached prefix, its keys read in place
+ * through the context's slots in the paged cache (k, v the flat caches; every new key
+ * was written before). Query i sees the keys up to its own position. Work items: (kv head, block of 16 query rows), all the group's query heads; two passes
  * over the key tiles: the scores (dot products of bfloat16 pairs, float32 sums) and their
  * row maxima, then the weights exp(s - max) (sums in float32, the weights rounded to
  * bfloat16, as SDPA's flash kernel does) times the values. */
 int prefill_attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *k,
                            int64_t k_stride, const uint16_t *v, int64_t v_stride,
-                           uint16_t *out, int len, int heads, int kv_heads, int dim,
-                           float scale, int num_threads) {
+                           const int64_t *slots, int context, uint16_t *out, int len,
+                           int heads, int kv_heads, int dim, float scale, int num_threads) {
     if (kv_heads <= 0 || heads % kv_heads != 0 || dim % 64 != 0 || dim > MAX_DIM) return -1;
     int group = heads / kv_heads;
     if (group > MAX_GROUP) return -1;
+    if (context < len || (slots == 0 && context != len)) return -1;
+    int start = context - len; /* query row i is position start + i */
     int blocks = (len + QROWS - 1) / QROWS;
     int pairs = dim / 2, chunks = dim / 16;
-    int width = blocks * QROWS; /* keys, padded to whole tiles */
+    int width = (context + KEYS - 1) / KEYS * KEYS; /* keys, padded to whole tiles */
     int failed = 0;
 #pragma omp parallel num_threads(num_threads)
     {
@@ -263,7 +271,7 @@ int prefill_attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *
             if (scores == NULL) continue;
             int h = item % kv_heads, qb = blocks - 1 - item / kv_heads; /* longest first */
             int r0 = qb * QROWS, rows = len - r0 < QROWS ? len - r0 : QROWS;
-            int last_key = r0 + rows;
+            int last_key = start + r0 + rows;
             uint32_t kt[MAX_DIM / 2][KEYS] __attribute__((aligned(64)));
             uint32_t vt[KEYS / 2][MAX_DIM] __attribute__((aligned(64)));
             __m512 vmax[MAX_GROUP * QROWS], vsum[MAX_GROUP * QROWS];
@@ -271,14 +279,14 @@ int prefill_attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *
             for (int k0 = 0; k0 < last_key; k0 += KEYS) {
                 int nk = last_key - k0 < KEYS ? last_key - k0 : KEYS;
                 for (int j = 0; j < KEYS; j++) {
-                    const uint32_t *row = (const uint32_t *)(k + (int64_t)(k0 + (j < nk ? j : 0)) * k_stride + (int64_t)h * dim);
+                    const uint32_t *row = (const uint32_t *)(k + key_row(slots, k0 + (j < nk ? j : 0)) * k_stride + (int64_t)h * dim);
                     for (int p = 0; p < pairs; p++) kt[p][j] = j < nk ? row[p] : 0;
                 }
                 for (int g = 0; g < group; g++)
                     for (int i = 0; i < rows; i++) {
-                        int row = r0 + i, st = g * rows + i;
+                        int row = start + r0 + i, st = g * rows + i;
                         if (row < k0) continue;
-                        const uint32_t *qrow = (const uint32_t *)(q + (int64_t)row * q_stride + (int64_t)(h * group + g) * dim);
+                        const uint32_t *qrow = (const uint32_t *)(q + (int64_t)(r0 + i) * q_stride + (int64_t)(h * group + g) * dim);
                         __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
                         for (int p = 0; p < pairs; p += 4) {
                             s0 = _mm512_dpbf16_ps(s0, (__m512bh)_mm512_set1_epi32((int)qrow[p]), (__m512bh)_mm512_load_si512(kt[p]));
@@ -305,14 +313,14 @@ int prefill_attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *
                 int nk = last_key - k0 < KEYS ? last_key - k0 : KEYS;
                 for (int jj = 0; jj < KEYS / 2; jj++) {
                     int a = 2 * jj, b = 2 * jj + 1;
-                    const uint16_t *va = v + (int64_t)(k0 + (a < nk ? a : 0)) * v_stride + (int64_t)h * dim;
-                    const uint16_t *vb = v + (int64_t)(k0 + (b < nk ? b : 0)) * v_stride + (int64_t)h * dim;
+                    const uint16_t *va = v + key_row(slots, k0 + (a < nk ? a : 0)) * v_stride + (int64_t)h * dim;
+                    const uint16_t *vb = v + key_row(slots, k0 + (b < nk ? b : 0)) * v_stride + (int64_t)h * dim;
                     for (int d = 0; d < dim; d++)
                         vt[jj][d] = (uint32_t)(a < nk ? va[d] : 0) | ((uint32_t)(b < nk ? vb[d] : 0) << 16);
                 }
                 for (int g = 0; g < group; g++)
                     for (int i = 0; i < rows; i++) {
-                        int row = r0 + i, st = g * rows + i;
+                        int row = start + r0 + i, st = g * rows + i;
                         if (row < k0) continue;
                         int visible = row - k0 + 1 < nk ? row - k0 + 1 : nk;
                         __mmask16 keep = (__mmask16)(visible >= 16 ? 0xFFFF : ((1u << visible) - 1));
@@ -353,9 +361,10 @@ int prefill_attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *
 /* Without AVX-512 BF16 the caller keeps SDPA's flash kernel. */
 int prefill_attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *k,
                            int64_t k_stride, const uint16_t *v, int64_t v_stride,
-                           uint16_t *out, int len, int heads, int kv_heads, int dim,
-                           float scale, int num_threads) {
+                           const int64_t *slots, int context, uint16_t *out, int len,
+                           int heads, int kv_heads, int dim, float scale, int num_threads) {
     (void)q, (void)q_stride, (void)k, (void)k_stride, (void)v, (void)v_stride, (void)out;
+    (void)slots, (void)context;
     (void)len, (void)heads, (void)kv_heads, (void)dim, (void)scale, (void)num_threads;
     return -1;
 }

@@ -46,10 +46,11 @@ class AttentionKernel:
             _F, _F, _I,
         )  # fmt: skip
         self._prefill = function(
-            library, "prefill_attention_bf16", _I, _P, _L, _P, _L, _P, _L, _P, _I, _I, _I, _I,
-            _F, _I,
+            library, "prefill_attention_bf16", _I, _P, _L, _P, _L, _P, _L, _P, _I, _P, _I,
+            _I, _I, _I, _F, _I,
         )  # fmt: skip
-        self.can_prefill = self._prefill(None, 0, None, 0, None, 0, None, 0, 1, 1, 64, 1.0, 1) == 0
+        probe = (None, 0, None, 0, None, 0, None, 0, None, 0, 1, 1, 64, 1.0, 1)
+        self.can_prefill = self._prefill(*probe) == 0
         """Whether this machine's build has the prefill kernel (AVX-512 with bfloat16 dot
         products); SDPA's flash kernel runs prefills otherwise."""
 
@@ -109,9 +110,10 @@ class AttentionKernel:
         return out
 
     def prefills(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-        """Whether `prefill` computes this fresh causal prefill: bfloat16 [T, heads, dim]
-        rows on the CPU (any row stride), head sizes in multiples of 64 up to 256, at most
-        16 query heads a kv head."""
+        """Whether `prefill` computes this causal prefill: bfloat16 [T, heads, dim] queries
+        and [*, kv_heads, dim] keys and values (a fresh prefill's own rows or the flat
+        caches) on the CPU, any row stride, head sizes in multiples of 64 up to 256, at
+        most 16 query heads a kv head."""
         dim = q.shape[-1]
         return (
             self.can_prefill
@@ -125,13 +127,26 @@ class AttentionKernel:
         )
 
     def prefill(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, scale: float
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor,
+        scale: float,
+        slots: torch.Tensor | None = None,
     ) -> None:
-        """Causal attention of one fresh sequence's [T, heads, dim] queries over its own new
-        keys and values, written into `out` ([T, heads, dim], contiguous)."""
+        """Causal attention of one sequence's [T, heads, dim] new queries, written into `out`
+        ([T, heads, dim], contiguous). Without `slots`: a fresh prefill over its own new keys
+        and values (k, v: [T, kv_heads, dim]). With `slots` ([C] long, C >= T): the queries
+        are positions C - T .. C - 1 after a cached prefix, and key j is row slots[j] of the
+        flat caches k, v ([num_slots, kv_heads, dim]), every new key already written."""
         length, heads, dim = q.shape
         if not out.is_contiguous() or out.shape != q.shape or out.dtype != torch.bfloat16:
             raise ValueError(f"prefill attention writes a contiguous {tuple(q.shape)} output")
+        context = length
+        if slots is not None:
+            slots = slots.contiguous()
+            context = slots.shape[0]
         status = self._prefill(
             q.data_ptr(),
             q.stride(0),
@@ -139,6 +154,8 @@ class AttentionKernel:
             k.stride(0),
             v.data_ptr(),
             v.stride(0),
+            None if slots is None else slots.data_ptr(),
+            context,
             out.data_ptr(),
             length,
             heads,
@@ -149,7 +166,8 @@ class AttentionKernel:
         )
         if status != 0:
             raise RuntimeError(
-                f"prefill attention kernel refused {length} tokens of {heads} heads of {dim}"
+                f"prefill attention kernel refused {length} queries over {context} keys of "
+                f"{heads} heads of {dim}"
             )
 
 
