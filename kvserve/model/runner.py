@@ -165,13 +165,9 @@ class ModelRunner:
         )
         if self.device.type == "cpu":  # said once the model loaded: a load error stays one line
             kept = ", freed memory kept (glibc)" if keep_freed_memory() else ""
-            logger.info(
-                "CPU: %d thread(s), %s%s%s",
-                torch.get_num_threads(),
-                openmp_runtime(),
-                kept,
-                enable_cpu_kernels(self.dtype),
-            )
+            kernels = enable_cpu_kernels(self.dtype)  # bfloat16 only; the log's words
+            threads, runtime = torch.get_num_threads(), openmp_runtime()
+            logger.info("CPU: %d thread(s), %s%s%s", threads, runtime, kept, kernels)
         self.kv_tensors, self.kv_caches = self.allocate_pool(num_blocks)
         if self.draft is not None:
             self.draft.allocate(num_blocks)

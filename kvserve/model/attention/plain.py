@@ -85,21 +85,17 @@ def paged_attention(
     paged = attention_kernel()
     for span in meta.prefills:
         rows = slice(span.query_start, span.query_start + span.query_len)
-        if span.slots is None:
+        fresh = span.slots is None
+        # the C kernel: a fresh causal prefill over its own rows, or one after a cached
+        # prefix (no window: its context is all of [0, end)) read in place from the cache
+        if paged and softcap is None and (span.causal if fresh else meta.window is None):
+            kernel_k, kernel_v = (k[rows], v[rows]) if fresh else (k_flat, v_flat)
+            if paged.prefills(q[rows], kernel_k, kernel_v):
+                paged.prefill(q[rows], kernel_k, kernel_v, out[rows], scale, span.slots)
+                continue
+        if fresh:
             keys, values = k[rows], v[rows]
-            if span.causal and softcap is None and paged and paged.prefills(q[rows], keys, values):
-                paged.prefill(q[rows], keys, values, out[rows], scale)
-                continue
         else:
-            # after a cached prefix (no window: the context is all of [0, end)): in place
-            if (
-                meta.window is None
-                and softcap is None
-                and paged
-                and paged.prefills(q[rows], k_flat, v_flat)
-            ):
-                paged.prefill(q[rows], k_flat, v_flat, out[rows], scale, span.slots)
-                continue
             keys, values = k_flat[span.slots], v_flat[span.slots]
         # 4-D with enable_gqa: the kv heads are not copied per query head, and torch's
         # CPU flash kernel takes this path (twice as fast as 3-D with repeated heads).

@@ -1,5 +1,5 @@
 """Attention for bfloat16 on the CPU in C: paged decode (one call a layer, no gathered
-context), and a fresh prefill's causal attention.
+context), and a prefill's causal attention (fresh, or after a cached prefix).
 
 torch's CPU attention for a decode step first gathers each row's keys and
 values out of the paged cache (`index_select`) into a padded copy, then runs
@@ -9,14 +9,16 @@ every row's context straight from the cache through its slots, with
 SDPA's arithmetic (float32 scores, softmax and sums; the probabilities rounded
 to bfloat16 before they weight the values, as its flash kernel does: without
 that rounding the default model's greedy tokens left float32's and vLLM's
-within five tokens of a benchmark prompt), and is 2.5-4x faster than gather +
-SDPA (benchmarks/README.md, "Paged decode attention"). float32 keeps SDPA: it
-is the engine's exact mode, token for token with transformers.
+within five tokens of a benchmark prompt), in 0.11-0.45x the time of gather +
+SDPA (benchmarks/README.md, "cpu_kernels"). float32 keeps SDPA: it is the
+engine's exact mode, token for token with transformers.
 
-A fresh prefill (causal, no window, no soft-cap) runs on AVX-512's bfloat16 dot
+A causal prefill without a window or soft-cap runs on AVX-512's bfloat16 dot
 products where the CPU has them: its scores in one pass, exact row maxima, then
 the weights (rounded to bfloat16, as SDPA's flash kernel rounds them) times the
-values; 2x SDPA's speed at 256 tokens, 1.8x at 1,000.
+values; 0.45x SDPA's time at 256 tokens, 0.56x at 1,000. A fresh prefill reads
+its own new rows; one after a cached prefix reads its keys in place through the
+context's slots (chat prompts, whose template's system prompt is a cache hit).
 
 `enable()` builds (or finds cached) the library once per process; until
 then, and wherever it cannot be built, `kernel()` is None and the caller

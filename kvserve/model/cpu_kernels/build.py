@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import logging
 import os
 import platform
 import shutil
@@ -25,8 +24,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-logger = logging.getLogger(__name__)
 
 FLAGS = ("-O3", "-march=native", "-ffast-math", "-fno-reciprocal-math", "-fopenmp", "-fPIC") + (
     ("-mno-recip",) if platform.machine() in ("x86_64", "AMD64") else ()
