@@ -12,7 +12,8 @@ AttentionMetadata (kvserve.model.attention.attention_metadata). A fresh prefill
 attends to its own new k/v directly; decodes are attended in padded groups of
 similar context length, each row over its own slots (bfloat16 on the CPU: by the
 paged C kernel of kvserve.model.cpu_kernels.attention, which reads the slots
-in place instead of gathering them; a fresh prefill there by its C kernel too).
+in place instead of gathering them; a causal prefill there, fresh or after a cached
+prefix, by its C kernel too).
 Grouped-query attention never repeats the kv heads, except on the soft-capped
 prefill path.
 """
