@@ -233,7 +233,10 @@ class Scheduler:
             computed = local + external
             num_new = self._chunk(req, computed, budget)
             if not manager.allocate_slots(rid, num_new, local, hit, num_external_tokens=external):
-                break
+                if running or out.chunks:
+                    break  # blocks come back as running requests finish or are preempted
+                self._stalled(waiting.popleft(), out)  # liveness: see _stalled
+                continue
             if external:
                 self.connector.on_allocated(rid, manager.step_plan(rid), local, external)
                 self.stats.external_hit_tokens += external
@@ -253,6 +256,26 @@ class Scheduler:
         waiting.extendleft(reversed(deferred))
         self.stats.manager_seconds += clock() - t0
         return out
+
+    def _stalled(self, req: Request, out: SchedulerOutput) -> None:
+        """Liveness: `req` passed admission (it fits the pool) yet cannot be placed while
+        nothing runs, so no block will ever come back for it. Waiting would spin for ever
+        on an idle engine: it fails alone, with the reason, and the engine goes on."""
+        free, usable = self.manager.num_free_blocks, self.manager.num_usable_blocks
+        log.error(
+            "request %s: no KV blocks for its first chunk on an idle pool (%d of %d free); "
+            "failed instead of waiting for ever",
+            req.request_id,
+            free,
+            usable,
+        )
+        req.error = (
+            f"the KV cache could not place this request on an idle pool ({free} of "
+            f"{usable} blocks free): an engine fault, reported instead of waiting for ever"
+        )
+        req.status = RequestStatus.FINISHED_ERROR
+        self.stats.rejected += 1
+        out.rejected.append(req)
 
     def _chunk(self, req: Request, computed: int, budget: int) -> int:
         """Tokens to schedule: all that remain, or a budget-sized chunk.
@@ -307,7 +330,7 @@ class Scheduler:
         """
         clock = time.perf_counter
         self.stats.steps += 1
-        finished: list[Request] = []
+        finished: list[Request] = list(out.rejected)  # failed by the liveness check
         stats = self.stats
         status: RequestStatus | None
         for chunk in out.chunks:

@@ -266,7 +266,7 @@ class AttentionCoordinator(Coordinator):
             # Only what no token from the held ones on reads: the hit is not taken yet.
             for group in groups:
                 group.remove_skipped(seq, num_computed_tokens - hit_tokens)
-        if hit is None or not hit_tokens:
+        if not hit_tokens and not num_external_tokens:
             # Fast path (decodes, chunks): no hit blocks to take. Every group's table has
             # one entry per block of the request (a window's released ones are the null
             # block), so one comparison tells whether any group needs a block.
@@ -283,7 +283,9 @@ class AttentionCoordinator(Coordinator):
                         seq.kv_blocks[group.group_id].extend(pool.take(n))
                 seq.plan_ids = ()
                 self._note_peak()
-        elif not self._take_hit(seq, hit, total, num_computed_tokens):
+        elif not self._take_hit(
+            seq, hit or self.empty_hit, total, num_computed_tokens + num_external_tokens
+        ):
             return False
         if self.enable_caching and not seq.cache_chain_broken:
             full = end // self.block_size
@@ -301,15 +303,24 @@ class AttentionCoordinator(Coordinator):
                 self._queue_merges(seq, had_merges)
         return True
 
-    def _take_hit(
-        self, seq: CacheSequence, hit: PrefixHit, total: int, num_computed_tokens: int
-    ) -> bool:
-        """Phase 1: every group's hit; phase 2: every group's new blocks."""
+    def _take_hit(self, seq: CacheSequence, hit: PrefixHit, total: int, first: int) -> bool:
+        """Phase 1: every group's hit; phase 2: every group's new (and external) blocks.
+
+        `first` is the first position the step computes (after the local hit and
+        the external tokens): a sliding window needs no block wholly before the
+        window of that token, so those entries are the null block, whether they
+        would come from the hit, from the held blocks or from the pool. Without
+        this an external hit took blocks for the whole prefix in every sliding
+        group: more than the admission check counted, so on a small pool the
+        request neither fitted nor was refused.
+        """
         pool = self.pool
-        hit_blocks = hit.blocks
         null = pool.null_block
+        hit_blocks = hit.blocks
+        if self._has_windows:
+            hit_blocks = self._window_trimmed(seq, hit_blocks, first)
         needs = [
-            max(0, group.num_new_blocks(seq, total, len(hit_blocks[group.group_id])))
+            max(0, group.num_new_blocks(seq, total, len(hit_blocks[group.group_id]), first))
             for group in self.groups
         ]
         reclaimed = sum(
@@ -317,11 +328,11 @@ class AttentionCoordinator(Coordinator):
         )
         superseded = 0
         if self._has_windows:
-            # Held window blocks before the hit end's window: released below.
+            # Held window blocks before the first computed token's window: released below.
             for group in self.groups:
                 if isinstance(group, SlidingWindowGroup):
                     table = seq.kv_blocks[group.group_id]
-                    stop = min(group.first_needed(num_computed_tokens), len(table))
+                    stop = min(group.first_needed(first), len(table))
                     skipped = seq.num_skipped_blocks[group.group_id]
                     superseded += sum(
                         1 for b in table[skipped:stop] if b.ref_cnt == 1 and b is not null
@@ -330,7 +341,7 @@ class AttentionCoordinator(Coordinator):
             return False
         if self._has_windows:
             for group in self.groups:
-                group.remove_skipped(seq, num_computed_tokens)
+                group.remove_skipped(seq, first)
         # Phase 1: take every group's local hits before anything is allocated,
         # so no group's new or external blocks can evict another group's hit.
         seq.plan_ids = ()
@@ -341,10 +352,27 @@ class AttentionCoordinator(Coordinator):
         seq.num_cached_blocks = len(seq.kv_blocks[0])
         if hit.skip_write_tokens:
             seq.skip_write_tokens = hit.skip_write_tokens
-        # Phase 2: new (and external) blocks for every group.
+        # Phase 2: new (and external) blocks for every group; a window's entries before
+        # `first`'s window are the null block.
         for group, n in zip(self.groups, needs, strict=True):
+            group.pad_window(seq, first)
             if n:
                 seq.kv_blocks[group.group_id].extend(pool.take(n))
         self.stats.hit_tokens += hit.num_tokens
         self._note_peak()
         return True
+
+    def _window_trimmed(
+        self, seq: CacheSequence, hit_blocks: list[list[Any]], first: int
+    ) -> list[list[Any]]:
+        """The hit with each sliding group's blocks before `first`'s window as the null
+        block (an external hit after it moves the window past them): never taken."""
+        null = self.pool.null_block
+        trimmed = []
+        for group, blocks in zip(self.groups, hit_blocks, strict=True):
+            if isinstance(group, SlidingWindowGroup):
+                cut = group.first_needed(first) - len(seq.kv_blocks[group.group_id])
+                if cut > 0 and any(b is not null for b in blocks[:cut]):
+                    blocks = [null] * min(cut, len(blocks)) + blocks[cut:]
+            trimmed.append(blocks)
+        return trimmed

@@ -90,9 +90,15 @@ class FullAttentionGroup:
         found = self.find_hit(seq, start, candidate)
         return start + len(found), found
 
-    def num_new_blocks(self, seq: CacheSequence, num_tokens: int, num_hit: int) -> int:
-        """Blocks to take from the pool so `num_tokens` tokens have slots."""
+    def num_new_blocks(
+        self, seq: CacheSequence, num_tokens: int, num_hit: int, first: int = 0
+    ) -> int:
+        """Blocks to take from the pool so `num_tokens` tokens have slots (`first`: the
+        first position the step computes; only a sliding window reads it)."""
         return -(-num_tokens // self.block_size) - len(seq.kv_blocks[self.group_id]) - num_hit
+
+    def pad_window(self, seq: CacheSequence, first: int) -> None:
+        """Full attention holds every block: nothing before `first` is left out."""
 
     def remove_skipped(self, seq: CacheSequence, num_computed_tokens: int) -> None:
         """Full attention keeps every block."""
@@ -139,9 +145,14 @@ class FullAttentionGroup:
         end: int,
         anchors: list[int] | None,
         parent: int,
+        chained: bool = True,
     ) -> list[int]:
         """Register blocks `start..end-1`, each chained to `parent` (the block before
-        it), or verified against `anchors[i - start]` when anchors are given."""
+        it), or verified against `anchors[i - start]` when anchors are given.
+
+        `chained` False: the group's hits never check a parent (windows alone: the
+        block before may be gone), so a cached copy with the same hash, tokens and
+        extra keys is the same content whatever registration it was chained to."""
         pool = self.pool
         index = self.index
         group_id = self.group_id
@@ -167,6 +178,7 @@ class FullAttentionGroup:
                 and existing.ref_cnt == 0
                 and existing.computed
                 and verify
+                and chained
             ):
                 # Stale: its parent was evicted and registered anew (one registration
                 # per hash), so it can never verify again. Ours takes its place.
@@ -204,7 +216,7 @@ class FullAttentionGroup:
                 parent = existing.cache_id
             elif (
                 existing.token_ids == block_tokens
-                and existing.parent_cache_id == parent
+                and (existing.parent_cache_id == parent or not chained)
                 and existing.extra == (other_extra if i else first_extra)
             ) or not verify:
                 pool.touch((existing,))
@@ -320,6 +332,22 @@ class SlidingWindowGroup(FullAttentionGroup):
                 return k, blocks
         return start, []
 
+    def num_new_blocks(
+        self, seq: CacheSequence, num_tokens: int, num_hit: int, first: int = 0
+    ) -> int:
+        """Blocks to take so `num_tokens` tokens have slots; those wholly before the
+        window of position `first` (the first one the step computes) are not needed."""
+        have = max(len(seq.kv_blocks[self.group_id]) + num_hit, self.first_needed(first))
+        return -(-num_tokens // self.block_size) - have
+
+    def pad_window(self, seq: CacheSequence, first: int) -> None:
+        """The null block for the entries before `first`'s window that the table lacks
+        (tokens loaded from an external tier that no computed token reads)."""
+        table = seq.kv_blocks[self.group_id]
+        missing = self.first_needed(first) - len(table)
+        if missing > 0:
+            table.extend([self.pool.null_block] * missing)
+
     def remove_skipped(self, seq: CacheSequence, num_computed_tokens: int) -> None:
         """Release blocks no token from `num_computed_tokens` on will read."""
         table = seq.kv_blocks[self.group_id]
@@ -340,13 +368,24 @@ class SlidingWindowGroup(FullAttentionGroup):
     def cache_full_blocks(
         self, seq: CacheSequence, start: int, end: int, anchors: list[int] | None = None
     ) -> list[int]:
-        """Register like full attention, each block anchored to the full-attention block."""
+        """Register like full attention, each block anchored to the full-attention block.
+
+        Entries that are the null block (tokens loaded from an external tier before
+        the window of the first computed token) hold nothing: never registered.
+        """
+        table = seq.kv_blocks[self.group_id]
+        null = self.pool.null_block
+        skip = start
+        while skip < end and table[skip] is null:
+            skip += 1
         if anchors is None:
-            # Windows alone: a block released out of the window (the null block) chains
-            # like a first block.
-            parent = self._parent_of(seq, start) or ROOT_CACHE_ID
-            return self._register(seq, start, end, None, parent)
-        return self._register(seq, start, start + len(anchors), anchors, ROOT_CACHE_ID)
+            # Windows alone: the block before may be gone (released out of the window),
+            # so no parent is checked, here as in find_window_hit.
+            parent = self._parent_of(seq, skip) or ROOT_CACHE_ID
+            self._register(seq, skip, end, None, parent, chained=False)
+            return []
+        end = start + len(anchors)
+        return self._register(seq, skip, end, anchors[skip - start :], ROOT_CACHE_ID)
 
 
 def attention_group(

@@ -189,3 +189,44 @@ def test_abort_frees_blocks_and_others_continue():
     run_all(sched, runner)
     assert b.num_output_tokens == 3
     assert sched.manager.pool.num_used == 0
+
+
+class RefusingManager(KVCacheManager):
+    """Places nothing for request "stuck" (a stand-in for a manager fault)."""
+
+    def allocate_slots(self, request_id, *args, **kwargs):
+        if request_id == "stuck":
+            return False
+        return super().allocate_slots(request_id, *args, **kwargs)
+
+
+def test_a_request_that_cannot_be_placed_on_an_idle_pool_fails_alone():
+    """Liveness: admission said it fits, yet the manager cannot place it while nothing
+    runs, so no block will ever come back for it. It fails with the reason (never a
+    step that schedules nothing for ever); requests after it run."""
+    manager = RefusingManager(KVCacheConfig(num_blocks=64, block_size=BS))
+    sched, runner = Scheduler(manager, SchedulerConfig()), ModelFreeRunner()
+    stuck = Request("stuck", list(range(1, 10)), params=SamplingParams(max_tokens=4))
+    ok = Request("ok", list(range(1, 10)), params=SamplingParams(max_tokens=4))
+    sched.add_request(stuck)
+    sched.add_request(ok)
+    out, finished = step(sched, runner)
+    assert out.rejected == [stuck] and stuck in finished
+    assert stuck.status is RequestStatus.FINISHED_ERROR and "idle pool" in stuck.error
+    assert [c.request for c in out.chunks] == [ok]
+    run_all(sched, runner)
+    assert ok.status is RequestStatus.FINISHED_LENGTH
+    assert sched.stats.rejected == 1 and manager.pool.num_used == 0
+
+
+def test_a_request_waiting_for_blocks_others_hold_waits():
+    """Not a liveness fault: while requests run, their blocks come back."""
+    sched, runner = make(num_blocks=9, budget=64)
+    first = Request("a", list(range(1, 20)), params=SamplingParams(max_tokens=8))
+    second = Request("b", list(range(30, 49)), params=SamplingParams(max_tokens=8))
+    sched.add_request(first)
+    sched.add_request(second)
+    out, _ = step(sched, runner)
+    assert [c.request for c in out.chunks] == [first] and not out.rejected
+    run_all(sched, runner)
+    assert second.status is RequestStatus.FINISHED_LENGTH and not sched.stats.rejected

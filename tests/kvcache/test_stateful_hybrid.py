@@ -241,11 +241,12 @@ class HybridMachine(RuleBasedStateMachine):
         ok = m.allocate_slots(seq.request_id, num_new, start, hit, num_external_tokens=external)
         new_tables = table_ids(m, everyone)
         # Only window blocks below what the next token from `computed` (failure) or
-        # `start` (success) reads may have been released; nothing else may change.
+        # `first` (success: the first one computed) reads may have been released;
+        # nothing else may change.
         released: list[int] = []
         for g, (old, new) in enumerate(zip(old_tables[rid], new_tables[rid], strict=True)):
             w = self.windows[g]
-            limit = 0 if w is None else first_needed(start if ok else computed, w, bs)
+            limit = 0 if w is None else first_needed(first if ok else computed, w, bs)
             prefix = new[: len(old)]
             assert len(new) >= len(old)
             for i, (a, b) in enumerate(zip(old, prefix, strict=True)):
@@ -284,7 +285,13 @@ class HybridMachine(RuleBasedStateMachine):
             assert len(table) == ceil_div(end, bs), f"group {g}: slots != scheduled tokens"
             hit_blocks = hit.blocks[g] if hit.num_tokens else []
             k = len(hit_blocks)
-            assert table[held : held + k] == hit_blocks
+            # A window takes no block wholly before the first computed token's window
+            # (after external tokens, even a hit's): the null block stands for it.
+            skipped = 0 if self.windows[g] is None else first_needed(first, self.windows[g], bs)
+            null = m.pool.null_block
+            assert table[held : held + k] == [
+                null if held + j < skipped else b for j, b in enumerate(hit_blocks)
+            ]
             # Every token the runner computes this step finds its window.
             w = self.windows[g]
             for t in range(first, end):
@@ -295,6 +302,9 @@ class HybridMachine(RuleBasedStateMachine):
                 if held <= i < held + k:
                     continue  # checked as a hit
                 block = table[i]
+                if i < skipped:
+                    assert block is null, f"group {g}: block {i} taken before the window"
+                    continue
                 assert block.ref_cnt == 1, "a block written this step is shared"
                 if (i + 1) * bs <= end:
                     self.content[block.block_id] = self.key(g, seq, i)

@@ -101,6 +101,12 @@ def moe_config(arch: str) -> transformers.PretrainedConfig:
 
 def moe_checkpoint(tmp_path_factory: pytest.TempPathFactory, arch: str) -> MoeCheckpoint:
     """The run's one checkpoint of `arch` (read-only)."""
+    path = shared_dir(tmp_path_factory) / f"checkpoint-{arch}"
+    return MoeCheckpoint(arch, str(path), saved_moe_checkpoint(arch, path))
+
+
+def saved_moe_checkpoint(arch: str, path: Path) -> transformers.PreTrainedModel:
+    """`arch`'s tiny model, saved at `path` once (tests/_shared.py), and its oracle."""
     _, model_cls, _ = MOE_ARCHS[arch]
     config = moe_config(arch)
 
@@ -111,5 +117,4 @@ def moe_checkpoint(tmp_path_factory: pytest.TempPathFactory, arch: str) -> MoeCh
     def load(saved: Path) -> transformers.PreTrainedModel:
         return model_cls.from_pretrained(saved, config=config).eval()
 
-    path = shared_dir(tmp_path_factory) / f"checkpoint-{arch}"
-    return MoeCheckpoint(arch, str(path), saved_once(path, build, load))
+    return saved_once(path, build, load)

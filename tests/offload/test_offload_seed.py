@@ -74,7 +74,7 @@ def test_local_hits_and_external_blocks_on_three_groups(gemma3_3groups_checkpoin
         run_checked(llm, f"junk{j}", prompt(30, 10 + j))
     run_checked(llm, "b", x + prompt(8, 5))  # x again (from the tier), y not
     # Another request takes the older free blocks: x's blocks move to the head.
-    other = prompt(8, 7)
+    other = prompt(12, 7)
     engine.add_request("d", other, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
     for _ in range(3):
         engine.step()

@@ -1,0 +1,183 @@
+"""The differential fuzzer: a busy engine against each request alone with caching off.
+
+Each workload (workloads.py) runs through `LLMEngine` step by step, as a
+server drives it: requests arrive at their steps, some are aborted, the KV
+cache's invariants (`check_invariants`: ref counts, free queue, index,
+windows, no content held twice) are checked after every step. Every request
+that finishes must give the tokens the same request gives alone, on an
+engine with prefix caching off and a pool that never preempts (greedy, or
+seeded sampling: each completion's seed is its own). Findings:
+
+- `mismatch`: a completion differs from its lone run;
+- `hang`: no step ran for a while with work waiting, or the step budget ran out;
+- `leak`: blocks still held once every request is done;
+- `duplicate` / `invariant`: a KV cache invariant broke (the message says which);
+- `error`: a request finished with an error, or the engine raised.
+
+Written here rather than with Hypothesis' stateful machines: a workload is a
+whole engine run of many steps whose reference runs are cached across
+workloads, and an hour-long run must report each finding's minimal workload
+(shrink.py) as plain JSON to replay.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kvserve import LLM, SamplingParams
+from kvserve.kvcache import InvariantError, check_invariants
+from tests.fuzz.workloads import FuzzRequest, Workload
+
+STALL_STEPS = 50
+"""Steps in a row that schedule nothing while work waits (and nothing arrives) = a hang."""
+
+
+@dataclass
+class Finding:
+    kind: str
+    """mismatch | hang | leak | duplicate | invariant | error"""
+    detail: str
+    workload: Workload
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.detail}"
+
+
+class References:
+    """Each request's completions alone, prefix caching off, per checkpoint (cached)."""
+
+    def __init__(self, paths: dict[str, str]) -> None:
+        self.paths = paths
+        self._engines: dict[str, LLM] = {}
+        self._done: dict[tuple[str, tuple[Any, ...]], list[int]] = {}
+
+    def engine(self, arch: str) -> LLM:
+        if arch not in self._engines:
+            self._engines[arch] = LLM(self.paths[arch], dtype="float32", device="cpu",
+                                      num_threads=1, enable_prefix_caching=False,
+                                      block_size=16, num_kv_blocks=256)  # fmt: skip
+        return self._engines[arch]
+
+    def num_groups(self, arch: str) -> int:
+        return len(self.engine(arch).engine.runner.kv_cache_specs)
+
+    def tokens(self, arch: str, request: FuzzRequest, index: int) -> list[int]:
+        key = (arch, request.key(index))
+        if key not in self._done:
+            prompt, max_tokens, seed = key[1]
+            params = SamplingParams(
+                temperature=0.0 if seed is None else 1.0, seed=seed, max_tokens=max_tokens
+            )
+            out = self.engine(arch).generate([list(prompt)], params, use_tqdm=False)
+            self._done[key] = list(out[0].outputs[0].token_ids)
+        return self._done[key]
+
+
+def _params(request: FuzzRequest) -> SamplingParams:
+    if request.seed is None:
+        return SamplingParams(temperature=0.0, max_tokens=request.max_tokens, n=request.n)
+    return SamplingParams(
+        temperature=1.0, seed=request.seed, max_tokens=request.max_tokens, n=request.n
+    )
+
+
+def _options(workload: Workload, path: str, tier_dir: str) -> dict[str, Any]:
+    options = dict(workload.options)
+    if "offload" in options:
+        options["offload"] = options["offload"].replace("{dir}", tier_dir)
+    spec = options.get("speculative_config")
+    if spec is not None and spec.get("model") == "{self}":
+        options["speculative_config"] = {**spec, "model": path}
+    return options
+
+
+def run_workload(
+    workload: Workload,
+    references: References,
+    on_refused: Callable[[int, str], None] | None = None,
+) -> list[Finding]:
+    """Run `workload` once; every finding it shows (empty: all exact)."""
+    path = references.paths[workload.arch]
+    with tempfile.TemporaryDirectory(prefix="kvserve-fuzz-") as tier_dir:
+        llm = LLM(path, dtype="float32", device="cpu", num_threads=1,
+                  **_options(workload, path, tier_dir))  # fmt: skip
+        try:
+            return _drive(workload, llm, references, on_refused)
+        finally:
+            llm.shutdown()
+
+
+def _drive(
+    workload: Workload,
+    llm: LLM,
+    references: References,
+    on_refused: Callable[[int, str], None] | None,
+) -> list[Finding]:
+    engine = llm.engine
+    findings: list[Finding] = []
+
+    def found(kind: str, detail: str) -> list[Finding]:
+        findings.append(Finding(kind, detail, workload))
+        return findings
+
+    requests = workload.requests
+    budget = 60 + 8 * sum((len(r.prompt) + r.max_tokens) * r.n for r in requests)
+    last_arrival = max((r.arrival for r in requests), default=0)
+    outputs: dict[str, Any] = {}
+    live: set[int] = set()
+    idle = 0
+    for step in range(budget):
+        for i, request in enumerate(requests):
+            if request.arrival == step:
+                try:
+                    engine.add_request(str(i), list(request.prompt), _params(request))
+                    live.add(i)
+                except ValueError as exc:  # it can never fit this pool: refused, as it must
+                    if on_refused is not None:
+                        on_refused(i, str(exc))
+            if request.abort_at == step and i in live:
+                engine.abort_request(str(i))
+                live.discard(i)
+        if not engine.has_unfinished_requests() and step >= last_arrival:
+            break
+        try:
+            for output in engine.step():
+                if output.finished:
+                    outputs[output.request_id] = output
+                    live.discard(int(output.request_id))
+            running = {r.request_id: r.num_computed_tokens for r in engine.scheduler.running}
+            check_invariants(engine.manager, running)
+        except InvariantError as exc:
+            kind = "duplicate" if "duplicate" in str(exc) else "invariant"
+            return found(kind, f"step {step}: {exc}")
+        except Exception as exc:  # the engine itself failed: the worst finding
+            return found("error", f"step {step}: {type(exc).__name__}: {exc}")
+        stalled = engine.last_step_num_chunks == 0 and engine.has_unfinished_requests()
+        idle = idle + 1 if stalled and step >= last_arrival else 0
+        if idle >= STALL_STEPS:
+            return found("hang", f"step {step}: {idle} steps scheduled nothing with work waiting")
+    else:
+        return found("hang", f"the step budget ({budget}) ran out")
+    if engine.manager.pool.num_used:
+        found("leak", f"{engine.manager.pool.num_used} blocks held after every request ended")
+    if engine.tracker.duplicates_peak:
+        found("duplicate", f"duplicate_blocks_peak {engine.tracker.duplicates_peak}")
+    for rid, output in outputs.items():
+        request = requests[int(rid)]
+        for index, completion in enumerate(output.outputs):
+            if completion.finish_reason == "abort":
+                continue
+            if completion.finish_reason not in ("length", "stop"):
+                found("error", f"request {rid}.{index}: finished with {completion.finish_reason}")
+                continue
+            want = references.tokens(workload.arch, request, completion.index)
+            got = list(completion.token_ids)
+            if got != want:
+                pairs = enumerate(zip(got, want, strict=False))
+                first = next((k for k, (x, y) in pairs if x != y), min(len(got), len(want)))
+                found("mismatch", f"request {rid}.{completion.index}: {got} != lone {want} "
+                                  f"(first difference at {first})")  # fmt: skip
+    return findings
