@@ -23,6 +23,7 @@ workloads, and an hour-long run must report each finding's minimal workload
 from __future__ import annotations
 
 import tempfile
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -98,14 +99,19 @@ def run_workload(
     workload: Workload,
     references: References,
     on_refused: Callable[[int, str], None] | None = None,
+    counts: Counter[str] | None = None,
 ) -> list[Finding]:
-    """Run `workload` once; every finding it shows (empty: all exact)."""
+    """Run `workload` once; every finding it shows (empty: all exact).
+
+    `counts` (when given) adds up what the run exercised: completions and tokens
+    compared, preemptions, prefix and external hits, drafts, refusals."""
     path = references.paths[workload.arch]
     with tempfile.TemporaryDirectory(prefix="kvserve-fuzz-") as tier_dir:
         llm = LLM(path, dtype="float32", device="cpu", num_threads=1,
                   **_options(workload, path, tier_dir))  # fmt: skip
         try:
-            return _drive(workload, llm, references, on_refused)
+            counts = Counter() if counts is None else counts
+            return _drive(workload, llm, references, on_refused, counts)
         finally:
             llm.shutdown()
 
@@ -115,6 +121,7 @@ def _drive(
     llm: LLM,
     references: References,
     on_refused: Callable[[int, str], None] | None,
+    counts: Counter[str],
 ) -> list[Finding]:
     engine = llm.engine
     findings: list[Finding] = []
@@ -136,6 +143,7 @@ def _drive(
                     engine.add_request(str(i), list(request.prompt), _params(request))
                     live.add(i)
                 except ValueError as exc:  # it can never fit this pool: refused, as it must
+                    counts["refused"] += 1
                     if on_refused is not None:
                         on_refused(i, str(exc))
             if request.abort_at == step and i in live:
@@ -161,6 +169,9 @@ def _drive(
             return found("hang", f"step {step}: {idle} steps scheduled nothing with work waiting")
     else:
         return found("hang", f"the step budget ({budget}) ran out")
+    stats = llm.stats()
+    for name in ("preemptions", "prefix_hit_tokens", "external_hit_tokens", "spec_draft_tokens"):
+        counts[name] += stats.get(name, 0)
     if engine.manager.pool.num_used:
         found("leak", f"{engine.manager.pool.num_used} blocks held after every request ended")
     if engine.tracker.duplicates_peak:
@@ -175,6 +186,8 @@ def _drive(
                 continue
             want = references.tokens(workload.arch, request, completion.index)
             got = list(completion.token_ids)
+            counts["completions"] += 1
+            counts["tokens"] += len(got)
             if got != want:
                 pairs = enumerate(zip(got, want, strict=False))
                 first = next((k for k, (x, y) in pairs if x != y), min(len(got), len(want)))
