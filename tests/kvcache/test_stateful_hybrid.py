@@ -106,13 +106,14 @@ class HybridMachine(RuleBasedStateMachine):
         windows=st.lists(st.sampled_from([1, 3, 5, 8]), min_size=2, max_size=2, unique=True),
         num_blocks=st.integers(6, 32),
         seed=st.integers(0, 3),
+        anchored=st.booleans(),
     )
-    def setup(self, bs, windows, num_blocks, seed):
-        specs = [FullAttentionSpec(block_size=bs)] + [
-            SlidingWindowSpec(block_size=bs, sliding_window=w) for w in windows
-        ]
+    def setup(self, bs, windows, num_blocks, seed, anchored):
+        """`anchored` False: windows alone (Mistral's shape), no full-attention group."""
+        specs = [FullAttentionSpec(block_size=bs)] if anchored else []
+        specs += [SlidingWindowSpec(block_size=bs, sliding_window=w) for w in windows]
         self.bs = bs
-        self.windows = [None, *windows]
+        self.windows = [None, *windows] if anchored else list(windows)
         self.m = KVCacheManager(KVCacheConfig(num_blocks, bs, hash_seed=seed, specs=specs))
 
     # -- the independent record -------------------------------------------------
@@ -164,7 +165,7 @@ class HybridMachine(RuleBasedStateMachine):
                 nulls = 0
                 for j, block in enumerate(blocks):
                     if not block.block_id:
-                        assert g and j == nulls, "null block inside a hit"
+                        assert self.windows[g] and j == nulls, "null block inside a hit"
                         nulls += 1
                         continue
                     i = held + j
@@ -238,7 +239,11 @@ class HybridMachine(RuleBasedStateMachine):
         old_pool = pool_state(m)
         old_fields = (seq.num_cached_blocks, len(seq.merges), seq.skip_write_tokens)
         old_free = set(m.pool.free_block_ids())
+        idle = m.pool.num_used == 0
         ok = m.allocate_slots(seq.request_id, num_new, start, hit, num_external_tokens=external)
+        # Liveness: on an idle pool, a chunk fits whenever admission's bound says it does.
+        if idle and m.blocks_for_tokens(end, num_new) <= m.num_usable_blocks:
+            assert ok, f"no slots for tokens {first}..{end} on an idle pool"
         new_tables = table_ids(m, everyone)
         # Only window blocks below what the next token from `computed` (failure) or
         # `first` (success: the first one computed) reads may have been released;
