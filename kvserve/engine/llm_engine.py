@@ -121,7 +121,13 @@ class LLMEngine:
         self._requests: dict[str, UserRequest] = {}
         self._admitted: set[str] = set()
         self._vocab_size = runner.vocab_size
-        self.grammars = EngineGrammars(self.tokenizer, runner.vocab_size, runner.eos_token_ids)
+        self.grammars = EngineGrammars(
+            self.tokenizer,
+            runner.vocab_size,
+            runner.eos_token_ids,
+            args.grammar_compile_timeout,
+            args.grammar_cache_mb,
+        )
         self.closed = False
         """True after `shutdown()`."""
         self.kv_events = None
@@ -197,6 +203,9 @@ class LLMEngine:
         except ValueError:
             for seq in added:
                 self.scheduler.abort_request(seq)
+            for seq in sequences:
+                if seq.grammar is not None:
+                    seq.grammar.release()
             raise
         self._requests[request_id] = UserRequest(
             request_id, prompt_text, token_ids, sequences, params.output_kind, [0] * params.n
@@ -227,6 +236,8 @@ class LLMEngine:
 
     def _abort_sequences(self, user: UserRequest) -> None:
         for seq in user.sequences:
+            if seq.grammar is not None:
+                seq.grammar.release()  # its compile is cancelled once nobody waits for it
             if seq.status.finished:
                 continue
             self.scheduler.abort_request(seq)
