@@ -16,6 +16,7 @@ from kvserve.engine.request import Request
 from kvserve.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from kvserve.engine.engine_args import EngineArgs
     from kvserve.structured.compiler import GrammarCompiler
     from kvserve.structured.state import GrammarState
 
@@ -28,13 +29,12 @@ class EngineGrammars:
         tokenizer: Any | None,
         vocab_size: int,
         eos_token_ids: set[int],
-        compile_timeout: float | None = None,
-        cache_mb: int | None = None,
+        args: EngineArgs | None = None,
     ) -> None:
-        """`compile_timeout`: seconds a request waits for its compile; `cache_mb`: the
-        compiled grammars kept (None: kvserve.structured.compiler's defaults)."""
-        self.compile_timeout = compile_timeout
-        self.cache_mb = cache_mb
+        """`args`: grammar_compile_timeout (seconds a request waits for its compile) and
+        grammar_cache_mb (the compiled grammars kept); None: the compiler's defaults."""
+        self.compile_timeout = None if args is None else args.grammar_compile_timeout
+        self.cache_mb = None if args is None else args.grammar_cache_mb
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
@@ -63,6 +63,12 @@ class EngineGrammars:
         assert timeout is not None
         pending = self.compiler.submit(spec)
         return lambda: GrammarState(pending, timeout)
+
+    def release(self, sequences: Iterable[Request]) -> None:
+        """The sequences no longer wait for their compiles (aborted, or never queued)."""
+        for seq in sequences:
+            if seq.grammar is not None:
+                seq.grammar.release()
 
     def wait(self, waiting: Iterable[Request], timeout: float = 0.05) -> None:
         """Block until a waiting request's grammar compiled (at most `timeout` seconds):
