@@ -190,9 +190,8 @@ async def _start(
         state.engine.submit(Submission(engine_id, ids, params, cache_salt), job.outputs)
     constraint = structured.structured_outputs(body)
     source = "tools" if tool_parser is not None else None
-    await _first_outputs(
-        job, state, source or (None if constraint is None else constraint[1]), request
-    )
+    job.constraint = source or (None if constraint is None else constraint[1])
+    await _first_outputs(job, state, job.constraint, request)
     if options.echo and chat:
         for part in job.parts.values():
             part.echo = chat_echo
@@ -267,6 +266,15 @@ class _ClientGone(Exception):
     """Put on a request's queue when its client left: the handler stops waiting."""
 
 
+class GrammarFailed(RuntimeError):
+    """The request's own grammar failed it after its first token (a dead end the compile
+    could not see): the client's constraint, so a 400 (an error event once streaming)."""
+
+    def __init__(self, error: APIError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
 async def _watch(request: Request, job: Job, state: ServerState) -> None:
     """Poll for a disconnect while a plain (not streamed) request runs; abort it if so."""
     while True:
@@ -293,6 +301,9 @@ async def _outputs(job: Job) -> AsyncIterator[RequestOutput]:
         if isinstance(item, BaseException):
             raise item
         if item.error is not None:
+            failed = structured.compile_failure(item.error, job.constraint)
+            if failed is not None:
+                raise GrammarFailed(failed)
             raise RuntimeError(f"the engine failed this request: {item.error}")
         part = job.parts[item.request_id]
         if item.finished:
@@ -311,6 +322,9 @@ async def collect(request: Request, job: Job, state: ServerState) -> dict[str, A
         raise APIError("the client disconnected", 499) from None
     except ServerStopping as exc:
         raise APIError(str(exc), 503) from None
+    except GrammarFailed as exc:
+        _abort(job, state)
+        raise exc.error from None
     except RuntimeError as exc:  # the engine failed a prompt, or died: the others stop too
         _abort(job, state)
         raise APIError(str(exc), 500) from None
@@ -351,6 +365,8 @@ async def _events(job: Job, state: ServerState) -> AsyncIterator[str]:
                 yield sse(chunk)
     except ServerStopping:  # end each open choice as aborted
         yield sse(job.abort_chunk())
+    except GrammarFailed as exc:
+        yield sse(error_body(exc.error.message, 400, exc.error.param))
     except RuntimeError as exc:
         yield sse(error_body(str(exc), 500))
     yield "data: [DONE]\n\n"

@@ -98,7 +98,10 @@ class GrammarState:
         matcher = self.matcher
         matcher.fill_next_token_bitmask(bitmask, row)
         if not bool(bitmask[row].any()):
-            raise ValueError(f"{_PREFIX}: the grammar allows no next token (a dead end)")
+            raise ValueError(
+                f"{_PREFIX}: the grammar allows no next token (a dead end: a rule with no "
+                "finite value, such as a schema that refers to itself)"
+            )
 
     def accept(self, token: int) -> None:
         """Advance past `token`; ValueError if the grammar does not allow it."""

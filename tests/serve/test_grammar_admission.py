@@ -14,10 +14,10 @@ import anthropic
 import httpx
 import openai
 import pytest
-from conftest import metric, scrape, start_server, stop_server
-from test_tool_calls import ASK, TOOLS
 
 from kvserve.serve.limits import ServeLimits
+from tests.serve.conftest import metric, scrape, start_server, stop_server
+from tests.serve.test_tool_calls import ASK, TOOLS
 
 LIMITS = ServeLimits()
 CHAT = [{"role": "user", "content": "Pick a structured word."}]
@@ -74,6 +74,24 @@ def test_a_schema_that_accepts_nothing_is_a_400(server, field):
     refused(post(server.url, body), field, "accepts no output")
     stream = post(server.url, {**body, "stream": True})
     refused(stream, field, "accepts no output")  # before the stream starts
+
+
+def test_a_dead_end_after_the_first_token_is_a_400_not_a_500(tool_server):
+    """The grammar starts (the call's marker) but its arguments' schema has no value."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"$ref": "#"}}}]
+    body = {"messages": ASK, "tools": tools, "tool_choice": "required", "max_tokens": 60}
+    refused(post(tool_server.url, body), "tools", "dead end")
+    events = post(tool_server.url, {**body, "stream": True}).text
+    assert '"type": "invalid_request_error", "param": "tools"' in events and "dead end" in events
+    endless = {"type": "object", "properties": {"a": {"$ref": "#/$defs/x"}}, "required": ["a"]}
+    endless["$defs"] = {"x": {"$ref": "#/$defs/x"}}
+    refused(post(tool_server.url, {"guided_json": endless}), "guided_json", "dead end")
+    claude = anthropic.Anthropic(base_url=tool_server.url, api_key="unused", timeout=30)
+    with claude, pytest.raises(anthropic.BadRequestError, match="dead end"):
+        claude.messages.create(
+            model="demo-tools", max_tokens=60, messages=ASK,
+            tools=[{"name": "f", "input_schema": {"$ref": "#"}}], tool_choice={"type": "any"},
+        )  # fmt: skip
 
 
 def test_too_many_tools_is_a_400_on_every_api(tool_server):

@@ -14,9 +14,9 @@ import anthropic
 import openai
 import pytest
 from _tool_checkpoint import TOOL_MODEL
-from test_tool_calls import ASK, TOOLS, TRIGGER_TOKEN, streamed
 
 from kvserve.serve.messages_api.request import translate
+from tests.serve.test_tool_calls import ASK, TOOLS, TRIGGER_TOKEN, streamed
 
 MARKUP = "<tool_call>"
 NEWLINE = 201
