@@ -4,7 +4,9 @@ A grammar's compile time grows faster than its size (a 5,000-value enum
 compiles in 0.1 s on the demo tokenizer, a 30,000-value one in 7 s, and the
 compiled grammar holds 100 MB), so what a request may ask is bounded here,
 on the handler's thread, before anything is tokenized or compiled: each a 400
-naming the field the client sent and the option that sets the limit. The
+naming the field the client sent and the option that sets the limit. At the
+defaults the worst constraint (a 4,096-value enum filling the 256 KiB) compiles
+in about 2.6 s on SmolLM2's tokenizer and holds 47 MB. The
 compile itself still has a deadline (--grammar-compile-timeout) and runs on
 a pool of workers (kvserve.structured.compiler).
 """

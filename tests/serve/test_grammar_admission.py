@@ -108,6 +108,9 @@ def test_too_many_tools_is_a_400_on_every_api(tool_server):
         flat = [{**t["function"], "type": "function"} for t in many]
         with pytest.raises(openai.BadRequestError, match="--max-tools"):
             c.responses.create(model="demo-tools", input="hi", tools=flat, max_output_tokens=4)
+        fmt = {"type": "json_schema", "name": "big", "schema": enum(LIMITS.max_grammar_values + 1)}
+        with pytest.raises(openai.BadRequestError, match="--max-grammar-values"):
+            c.responses.create(model="demo-tools", input="hi", text={"format": fmt})
     with anthropic.Anthropic(base_url=tool_server.url, api_key="unused", timeout=30) as a:
         tools = [{"name": t["name"], "input_schema": t["parameters"]} for t in flat]
         with pytest.raises(anthropic.BadRequestError, match="--max-tools"):
