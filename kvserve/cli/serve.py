@@ -137,6 +137,13 @@ def add_limit_options(g: argparse._ArgumentGroup) -> None:
         help="the most completions (n) per prompt (default: the engine's --max-num-seqs)",
     )
     for name, what in (
+        ("max-grammar-values", "enum, const and choice values in one request's constraint"),
+        ("max-grammar-bytes", "bytes of one request's constraint (schema, regex, grammar, tools)"),
+        ("max-tools", "tools one chat request may offer"),
+    ):
+        default = getattr(d, name.replace("-", "_"))
+        g.add_argument(f"--{name}", type=positive, default=default, help=f"the most {what}")
+    for name, what in (
         ("body-timeout", "a request body may take to arrive (408 past it)"),
         ("header-timeout", "a connection may take to send a request's headers (then closed)"),
         ("keep-alive-timeout", "an idle keep-alive connection is kept open"),
@@ -159,6 +166,9 @@ def limits_from(args: argparse.Namespace) -> ServeLimits:
     return ServeLimits(
         max_request_bytes=args.max_request_bytes,
         max_n=args.max_n,
+        max_grammar_values=args.max_grammar_values,
+        max_grammar_bytes=args.max_grammar_bytes,
+        max_tools=args.max_tools,
         body_timeout=args.body_timeout,
         header_timeout=args.header_timeout,
         keep_alive_timeout=args.keep_alive_timeout,

@@ -123,6 +123,17 @@ class EngineArgs:
         metadata=_help("external KV tiers below the pool, e.g. cpu:8GiB,disk:/path/to/dir:50GiB "
                        "(either alone); a disk tier persists across runs; default: off"),
     )  # fmt: skip
+    grammar_compile_timeout: float = field(
+        default=30.0,
+        metadata=_help("seconds a constrained request (structured outputs, tools) waits for "
+                       "its grammar's compile before it fails (a 400 naming this option); "
+                       "compiles run on a pool of workers and never block other requests"),
+    )  # fmt: skip
+    grammar_cache_mb: int = field(
+        default=256,
+        metadata=_help("MiB of compiled grammars kept for reuse (least recently used dropped "
+                       "first)"),
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         """Check what can be checked before a model is loaded (a bad value is a ValueError
@@ -137,6 +148,13 @@ class EngineArgs:
             raise ValueError(f"gpu_memory_utilization must be a number, got {utilization!r}")
         if not 0 < utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {utilization}")
+        timeout = self.grammar_compile_timeout
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+            raise ValueError(f"grammar_compile_timeout must be > 0 seconds, got {timeout!r}")
+        if isinstance(self.grammar_cache_mb, bool) or not isinstance(self.grammar_cache_mb, int):
+            raise ValueError(f"grammar_cache_mb must be an integer, got {self.grammar_cache_mb!r}")
+        if self.grammar_cache_mb < 0:
+            raise ValueError(f"grammar_cache_mb must be >= 0, got {self.grammar_cache_mb}")
         if self.kv_cache_memory is not None:
             from kvserve.offload.options import size_bytes  # the --offload sizes' parser
 

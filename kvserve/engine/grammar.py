@@ -16,6 +16,7 @@ from kvserve.engine.request import Request
 from kvserve.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from kvserve.engine.engine_args import EngineArgs
     from kvserve.structured.compiler import GrammarCompiler
     from kvserve.structured.state import GrammarState
 
@@ -23,7 +24,17 @@ if TYPE_CHECKING:
 class EngineGrammars:
     """One engine's compiled grammars (made on the first constrained request)."""
 
-    def __init__(self, tokenizer: Any | None, vocab_size: int, eos_token_ids: set[int]) -> None:
+    def __init__(
+        self,
+        tokenizer: Any | None,
+        vocab_size: int,
+        eos_token_ids: set[int],
+        args: EngineArgs | None = None,
+    ) -> None:
+        """`args`: grammar_compile_timeout (seconds a request waits for its compile) and
+        grammar_cache_mb (the compiled grammars kept); None: the compiler's defaults."""
+        self.compile_timeout = None if args is None else args.grammar_compile_timeout
+        self.cache_mb = None if args is None else args.grammar_cache_mb
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
@@ -38,13 +49,26 @@ class EngineGrammars:
         if self.compiler is None:
             if self.tokenizer is None:
                 raise ValueError("structured_outputs needs the checkpoint's tokenizer")
-            from kvserve.structured.compiler import GrammarCompiler
+            from kvserve.structured import compiler
 
-            self.compiler = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
+            mb = compiler.CACHE_MB if self.cache_mb is None else self.cache_mb
+            self.compiler = compiler.GrammarCompiler(
+                self.tokenizer, self.vocab_size, self.eos_token_ids, cache_bytes=mb << 20
+            )
+            if self.compile_timeout is None:
+                self.compile_timeout = compiler.COMPILE_TIMEOUT
         from kvserve.structured.state import GrammarState
 
-        future = self.compiler.submit(spec)
-        return lambda: GrammarState(future)
+        timeout = self.compile_timeout
+        assert timeout is not None
+        pending = self.compiler.submit(spec)
+        return lambda: GrammarState(pending, timeout)
+
+    def release(self, sequences: Iterable[Request]) -> None:
+        """The sequences no longer wait for their compiles (aborted, or never queued)."""
+        for seq in sequences:
+            if seq.grammar is not None:
+                seq.grammar.release()
 
     def wait(self, waiting: Iterable[Request], timeout: float = 0.05) -> None:
         """Block until a waiting request's grammar compiled (at most `timeout` seconds):

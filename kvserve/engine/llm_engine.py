@@ -120,8 +120,8 @@ class LLMEngine:
         """Tokens (prefill and decode) the last step computed."""
         self._requests: dict[str, UserRequest] = {}
         self._admitted: set[str] = set()
-        self._vocab_size = runner.vocab_size
-        self.grammars = EngineGrammars(self.tokenizer, runner.vocab_size, runner.eos_token_ids)
+        vocab = self._vocab_size = runner.vocab_size
+        self.grammars = EngineGrammars(self.tokenizer, vocab, runner.eos_token_ids, args)
         self.closed = False
         """True after `shutdown()`."""
         self.kv_events = None
@@ -197,6 +197,7 @@ class LLMEngine:
         except ValueError:
             for seq in added:
                 self.scheduler.abort_request(seq)
+            self.grammars.release(sequences)
             raise
         self._requests[request_id] = UserRequest(
             request_id, prompt_text, token_ids, sequences, params.output_kind, [0] * params.n
@@ -226,6 +227,7 @@ class LLMEngine:
             self._abort_sequences(user)
 
     def _abort_sequences(self, user: UserRequest) -> None:
+        self.grammars.release(user.sequences)  # a compile nobody waits for is cancelled
         for seq in user.sequences:
             if seq.status.finished:
                 continue

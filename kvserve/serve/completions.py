@@ -33,6 +33,7 @@ from kvserve.sampling_params import SamplingParams
 from kvserve.serve import fields, protocol, structured, tools
 from kvserve.serve.engine_thread import RequestRefused, ServerStopping, Submission
 from kvserve.serve.errors import APIError, error_body
+from kvserve.serve.grammar_limits import check_grammar, check_tools
 from kvserve.serve.reasoning import ChatReasoning, chat_reasoning
 from kvserve.serve.responses import Job, Part
 from kvserve.serve.state import ServerState
@@ -48,6 +49,8 @@ async def completions(request: Request, state: ServerState) -> Any:
     state.check_model(body.get("model"))
     prompts = protocol.completion_prompts(body)
     params = protocol.sampling_params(body, chat=False, max_n=state.max_n)
+    constraint = structured.structured_outputs(body)
+    check_grammar(params, None if constraint is None else constraint[1], state.limits)
     state.check_admission(len(prompts))
     tokens = state.tokens
     for prompt in prompts:  # every length checked before any is tokenized
@@ -56,14 +59,14 @@ async def completions(request: Request, state: ServerState) -> Any:
         else:
             _check_ids(state, prompt)
     ids = [p if isinstance(p, list) else await tokens.encode(p) for p in prompts]
-    job = await _start(state, body, params, prompts, ids, chat=False)
+    job = await _start(state, body, params, prompts, ids, chat=False, request=request)
     return await _answer(request, state, job, fields.header(ignored))
 
 
 async def chat_completions(request: Request, state: ServerState) -> Any:
     body = protocol.parse_json(await request.body())
     prompt = await chat_prompt(state, body)
-    job = await start_chat(state, body, prompt)
+    job = await start_chat(state, body, prompt, request)
     return await _answer(request, state, job, fields.header(prompt.ignored))
 
 
@@ -92,15 +95,18 @@ async def chat_prompt(state: ServerState, body: dict[str, Any]) -> ChatPrompt:
     default = protocol.DEFAULT_MAX_TOKENS if context is None else context
     params = protocol.sampling_params(body, True, state.max_n, default_max_tokens=default)
     tool_request = tools.read_tools(body)
+    check_tools(tool_request, state.limits)
     parser = state.tool_parser
     assert parser is not None
+    constraint = structured.structured_outputs(body)
+    field_name = "response_format" if constraint is None else constraint[1]
     params = tools.constrained(params, tool_request, parser)
+    calls = tool_request is not None and tool_request.parses
+    check_grammar(params, "tools" if calls else field_name, state.limits)
     kwargs = protocol.template_kwargs(body)
     if "reasoning_effort" in kwargs and not state.tokens.template_reads("reasoning_effort"):
         ignored = [*ignored, "reasoning_effort"]  # passed on; this template has no use for it
         state.ignored_log.note(["reasoning_effort"])
-    constraint = structured.structured_outputs(body)
-    field_name = "response_format" if constraint is None else constraint[1]
     reasoning, params = chat_reasoning(state.reasoning_parser, kwargs, params, field_name)
     state.check_admission()
     offered = None if tool_request is None else tool_request.template_tools
@@ -118,13 +124,17 @@ async def chat_prompt(state: ServerState, body: dict[str, Any]) -> ChatPrompt:
     return ChatPrompt(ids, params, echo, ignored, tool_parser, reasoning)
 
 
-async def start_chat(state: ServerState, body: dict[str, Any], prompt: ChatPrompt) -> Job:
+async def start_chat(
+    state: ServerState, body: dict[str, Any], prompt: ChatPrompt, request: Request | None = None
+) -> Job:
     """Submit a rendered chat prompt; back once its first step is done (a refusal: a 400).
-    Read the answer with `collect` (whole) or `chunks` (the stream's chunk bodies)."""
+    Read the answer with `collect` (whole) or `chunks` (the stream's chunk bodies).
+    `request`: its client leaving meanwhile (a grammar still compiling) aborts it."""
     ids, parser = prompt.ids, prompt.tool_parser
     return await _start(
-        state, body, prompt.params, [ids], [ids], True, prompt.echo, parser, prompt.reasoning
-    )
+        state, body, prompt.params, [ids], [ids], True, prompt.echo, parser, prompt.reasoning,
+        request,
+    )  # fmt: skip
 
 
 def _check_ids(state: ServerState, ids: list[int]) -> None:
@@ -153,6 +163,7 @@ async def _start(
     chat_echo: str = "",
     tool_parser: ToolParser | None = None,
     reasoning: ChatReasoning | None = None,
+    request: Request | None = None,
 ) -> Job:
     """`prompts` as given (echo shows them), `prompt_ids` what the engine runs; `chat_echo`:
     what chat's echo puts first; `tool_parser`: chat with tools, whose output is read for
@@ -179,7 +190,8 @@ async def _start(
         state.engine.submit(Submission(engine_id, ids, params, cache_salt), job.outputs)
     constraint = structured.structured_outputs(body)
     source = "tools" if tool_parser is not None else None
-    await _first_outputs(job, state, source or (None if constraint is None else constraint[1]))
+    job.constraint = source or (None if constraint is None else constraint[1])
+    await _first_outputs(job, state, job.constraint, request)
     if options.echo and chat:
         for part in job.parts.values():
             part.echo = chat_echo
@@ -196,15 +208,21 @@ async def _answer(request: Request, state: ServerState, job: Job, headers: dict[
     return JSONResponse(await collect(request, job, state), headers=headers)
 
 
-async def _first_outputs(job: Job, state: ServerState, constraint: str | None = None) -> None:
+async def _first_outputs(
+    job: Job, state: ServerState, constraint: str | None = None, request: Request | None = None
+) -> None:
     """Wait until every prompt has had its first step; a refusal aborts the rest, as a 400.
     `constraint`: the field the request's structured output came from (what a refusal of
-    it, or a grammar that failed to compile, names)."""
+    it, or a grammar that failed to compile, names). A client that leaves meanwhile (its
+    grammar compiling, its prompt queued) aborts it: its compile is dropped."""
     waiting = set(job.parts)
     state.queued += len(waiting)
+    watcher = None if request is None else asyncio.create_task(_watch(request, job, state))
     try:
         while waiting:
             item = await job.outputs.get()
+            if isinstance(item, _ClientGone):
+                raise APIError("the client disconnected", 499)
             if isinstance(item, RequestRefused):
                 # names the request and counts, never the prompt's text
                 message = tools.as_sent(str(item)) if constraint == "tools" else str(item)
@@ -228,6 +246,8 @@ async def _first_outputs(job: Job, state: ServerState, constraint: str | None = 
             state.engine.abort(engine_id)
         raise
     finally:
+        if watcher is not None:
+            watcher.cancel()
         state.queued -= len(job.parts)
 
 
@@ -244,6 +264,15 @@ async def _echo_texts(job: Job, state: ServerState, prompts: list[str | list[int
 
 class _ClientGone(Exception):
     """Put on a request's queue when its client left: the handler stops waiting."""
+
+
+class GrammarFailed(RuntimeError):
+    """The request's own grammar failed it after its first token (a dead end the compile
+    could not see): the client's constraint, so a 400 (an error event once streaming)."""
+
+    def __init__(self, error: APIError) -> None:
+        super().__init__(error.message)
+        self.error = error
 
 
 async def _watch(request: Request, job: Job, state: ServerState) -> None:
@@ -272,6 +301,9 @@ async def _outputs(job: Job) -> AsyncIterator[RequestOutput]:
         if isinstance(item, BaseException):
             raise item
         if item.error is not None:
+            failed = structured.compile_failure(item.error, job.constraint)
+            if failed is not None:
+                raise GrammarFailed(failed)
             raise RuntimeError(f"the engine failed this request: {item.error}")
         part = job.parts[item.request_id]
         if item.finished:
@@ -290,6 +322,9 @@ async def collect(request: Request, job: Job, state: ServerState) -> dict[str, A
         raise APIError("the client disconnected", 499) from None
     except ServerStopping as exc:
         raise APIError(str(exc), 503) from None
+    except GrammarFailed as exc:
+        _abort(job, state)
+        raise exc.error from None
     except RuntimeError as exc:  # the engine failed a prompt, or died: the others stop too
         _abort(job, state)
         raise APIError(str(exc), 500) from None
@@ -330,6 +365,8 @@ async def _events(job: Job, state: ServerState) -> AsyncIterator[str]:
                 yield sse(chunk)
     except ServerStopping:  # end each open choice as aborted
         yield sse(job.abort_chunk())
+    except GrammarFailed as exc:
+        yield sse(error_body(exc.error.message, 400, exc.error.param))
     except RuntimeError as exc:
         yield sse(error_body(str(exc), 500))
     yield "data: [DONE]\n\n"

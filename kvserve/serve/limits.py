@@ -36,6 +36,13 @@ class ServeLimits:
     """Seconds an idle keep-alive connection is kept."""
     send_timeout: float = 30.0
     """Seconds a response may wait for a client that does not read (dropped past it)."""
+    max_grammar_values: int = 4096
+    """Enum, const and choice values one request's constraint may hold (a schema's, the
+    choices', the tools' together): their compile grows faster than their number."""
+    max_grammar_bytes: int = 256 * 1024
+    """Bytes of one request's constraint text (a schema, regex, grammar, the tools')."""
+    max_tools: int = 128
+    """Tools one chat request may offer (OpenAI's limit)."""
     max_chars_per_token: int = 32
     """Characters one prompt token may cover at most (a generous bound of the checkpoint's
     longest token): a prompt string longer than max_model_len times this cannot fit, and

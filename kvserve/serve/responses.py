@@ -108,6 +108,8 @@ class Job:
     """Chat with tools (tool_choice not `none`): the output is read for tool calls."""
     reasoning: ChatReasoning | None = None
     """Chat with `--reasoning-parser`: the answer split into reasoning and content."""
+    constraint: str | None = None
+    """The field the request's constraint came from (what its grammar's failure names)."""
 
     # -- accumulating -------------------------------------------------------------
 

@@ -1,13 +1,19 @@
-"""A request's constraint -> a compiled grammar: checked now, compiled off the engine thread.
+"""A request's constraint -> a compiled grammar: checked now, compiled on a pool, with a deadline.
 
 Building the xgrammar `Grammar` (parsing the schema, regex or EBNF) is quick
 and runs on the caller's thread, so a constraint xgrammar cannot read is a
 ValueError from `add_request`, naming the problem, before anything is queued.
-Compiling it against the tokenizer (the per-token mask cache: the slow part)
-runs on one worker thread; the request waits in the queue until its future is
-done while the others go on (kvserve.engine.scheduler). Futures are kept in an
-LRU keyed by the constraint, so a repeated schema compiles once per engine
-(one engine: one tokenizer).
+Compiling it against the tokenizer (the per-token mask cache: the slow part,
+seconds for a 30,000-value enum) runs on a pool of worker threads: xgrammar's
+compiler is thread-safe and releases the GIL in its C++ work, so compiles run
+side by side and a slow one holds one worker, not the others. A compile
+cannot be interrupted, so each waiting request has its own deadline
+(`timeout`, GrammarState fails it past that); a compile whose every waiting
+request left (aborted, or past its deadline) is cancelled if it has not
+started, and its result is dropped if it has. Compiles are kept in an LRU
+keyed by the constraint, bounded by the compiled grammars' bytes (xgrammar's
+`memory_size_bytes`), so a repeated schema compiles once per engine; xgrammar's
+own unbounded cache is off.
 """
 
 from __future__ import annotations
@@ -17,23 +23,62 @@ import re
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 import xgrammar as xgr
 
 from kvserve.sampling_params import StructuredOutputsParams
 
-CACHE_SIZE = 256
-"""Compiled grammars an engine keeps (least recently used dropped first)."""
+WORKERS = 4
+"""Compiles that run at once (each uses up to two of xgrammar's own threads)."""
+CACHE_MB = 256
+"""Compiled grammars an engine keeps, in MiB (least recently used dropped first)."""
+COMPILE_TIMEOUT = 30.0
+"""Seconds a request waits for its grammar's compile before it fails."""
+DEAD_END = "structured_outputs: the grammar accepts no output (no token can start it)"
 
 _LOG_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: (Check failed: \(.*?\) is false: )?")
 
 
+@dataclass(slots=True, eq=False)
+class Pending:
+    """One constraint's compile, shared by every sequence that waits for it."""
+
+    key: tuple[str, str]
+    future: Future[xgr.CompiledGrammar]
+    waiters: int = 0
+    size: int = 0
+    """The compiled grammar's bytes, once it is done and cached."""
+    cached: bool = True
+    owner: GrammarCompiler | None = field(default=None, repr=False)
+
+    def join(self) -> None:
+        """One more sequence waits for it."""
+        if self.owner is not None:
+            self.owner.join(self)
+        else:
+            self.waiters += 1
+
+    def leave(self) -> None:
+        """A sequence no longer waits (it has its matcher, failed, or was aborted)."""
+        if self.owner is not None:
+            self.owner.leave(self)
+        else:
+            self.waiters -= 1
+
+
 class GrammarCompiler:
-    """One engine's grammars: its tokenizer's xgrammar compiler, a worker, the cache."""
+    """One engine's grammars: its tokenizer's xgrammar compiler, the workers, the cache."""
 
     def __init__(
-        self, tokenizer: Any, vocab_size: int, stop_token_ids: set[int], max_threads: int = 2
+        self,
+        tokenizer: Any,
+        vocab_size: int,
+        stop_token_ids: set[int],
+        max_threads: int = 2,
+        workers: int = WORKERS,
+        cache_bytes: int = CACHE_MB << 20,
     ) -> None:
         """`vocab_size`: the logits' width (padded embeddings included: the mask covers
         them); `stop_token_ids`: the model's EOS ids, the only tokens a finished
@@ -43,43 +88,102 @@ class GrammarCompiler:
         self._stop_ids = sorted(stop_token_ids)
         self._max_threads = max_threads
         self._compiler: xgr.GrammarCompiler | None = None
-        self._lock = threading.Lock()
-        self._cache: OrderedDict[tuple[str, str], Future[xgr.CompiledGrammar]] = OrderedDict()
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvserve-grammar")
+        self._compiler_lock = threading.Lock()
+        self._lock = threading.RLock()
+        """Guards the cache: the engine thread submits and leaves, workers finish."""
+        self._cache: OrderedDict[tuple[str, str], Pending] = OrderedDict()
+        self.cache_bytes = cache_bytes
+        self.cached_bytes = 0
+        """Bytes of the compiled grammars the cache holds now."""
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kvserve-grammar")
 
-    def submit(self, spec: StructuredOutputsParams) -> Future[xgr.CompiledGrammar]:
-        """The compiled grammar of `spec`, as a future; ValueError if it cannot be read."""
+    def submit(self, spec: StructuredOutputsParams) -> Pending:
+        """The compile of `spec` (started, or found in the cache); ValueError if it cannot
+        be read. Each sequence that waits for it `join`s it, and `leave`s it when done."""
         key = spec.key
-        future = self._cache.get(key)
-        if future is not None and not (future.done() and future.exception() is not None):
-            self._cache.move_to_end(key)
-            return future
+        with self._lock:
+            found = self._cache.get(key)
+            if found is not None:
+                self._cache.move_to_end(key)
+                return found
         grammar = build_grammar(*key)
-        future = self._pool.submit(self._compile, grammar)
-        self._cache[key] = future
-        while len(self._cache) > CACHE_SIZE:
-            self._cache.popitem(last=False)
-        return future
+        pending = Pending(key, self._pool.submit(self._compile, grammar), owner=self)
+        with self._lock:
+            self._cache[key] = pending
+        pending.future.add_done_callback(lambda _: self._done(pending))
+        return pending
+
+    def join(self, pending: Pending) -> None:
+        with self._lock:
+            pending.waiters += 1
+
+    def leave(self, pending: Pending) -> None:
+        """A waiter is gone: the last one of an unfinished compile cancels it (not started)
+        or drops it from the cache (running: its result is thrown away)."""
+        with self._lock:
+            pending.waiters -= 1
+            if pending.waiters > 0 or pending.future.done():
+                return
+            pending.future.cancel()
+            self._drop(pending)
+
+    def cached(self) -> int:
+        """Constraints the cache holds (done or compiling)."""
+        with self._lock:
+            return len(self._cache)
+
+    def _done(self, pending: Pending) -> None:
+        """A compile ended (a worker's thread): count its bytes, evict past the bound."""
+        with self._lock:
+            if not pending.cached:
+                return
+            if pending.future.cancelled() or pending.future.exception() is not None:
+                self._drop(pending)  # a failed compile is tried again by the next request
+                return
+            pending.size = pending.future.result().memory_size_bytes
+            self.cached_bytes += pending.size
+            for key in list(self._cache):
+                if self.cached_bytes <= self.cache_bytes:
+                    break
+                old = self._cache[key]
+                if old.future.done():
+                    self._drop(old)
+
+    def _drop(self, pending: Pending) -> None:
+        if pending.cached and self._cache.get(pending.key) is pending:
+            del self._cache[pending.key]
+            self.cached_bytes -= pending.size
+        pending.cached = False
 
     def _compile(self, grammar: xgr.Grammar) -> xgr.CompiledGrammar:
-        return self.compiler.compile_grammar(grammar)
+        compiled = self.compiler.compile_grammar(grammar)
+        matcher = xgr.GrammarMatcher(compiled)
+        bitmask = xgr.allocate_token_bitmask(1, self._vocab_size)
+        matcher.fill_next_token_bitmask(bitmask, 0)
+        if not bool(bitmask.any()):  # e.g. {"$ref": "#"}: a rule that only refers to itself
+            raise ValueError(DEAD_END)
+        return compiled
 
     @property
     def compiler(self) -> xgr.GrammarCompiler:
         """xgrammar's compiler for this tokenizer, built on first use (reading a large
-        vocabulary takes a while: the worker pays it, not the engine thread)."""
-        with self._lock:
+        vocabulary takes a while: a worker pays it, not the engine thread)."""
+        with self._compiler_lock:
             if self._compiler is None:
                 info = xgr.TokenizerInfo.from_huggingface(
                     self._tokenizer, vocab_size=self._vocab_size, stop_token_ids=self._stop_ids
                 )
-                self._compiler = xgr.GrammarCompiler(info, max_threads=self._max_threads)
+                self._compiler = xgr.GrammarCompiler(
+                    info, max_threads=self._max_threads, cache_enabled=False
+                )
             return self._compiler
 
     def close(self) -> None:
-        """Stop the worker (a compile under way finishes on its own)."""
+        """Stop the workers (a compile under way finishes on its own)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
-        self._cache.clear()
+        with self._lock:
+            self._cache.clear()
+            self.cached_bytes = 0
 
 
 def build_grammar(kind: str, text: str) -> xgr.Grammar:

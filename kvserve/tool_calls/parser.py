@@ -80,9 +80,15 @@ class ToolParser:
         return tag(begin, json_schema(parameters, COMPACT_WHITESPACE), self.call_end)
 
     def parse(self, text: str) -> ParsedOutput:
-        """A whole output: its content and calls. Output whose calls do not read as
-        calls (cut short, not JSON) is all content, as the model wrote it."""
+        """A whole output: its content and calls. A last call cut short (max_tokens, the
+        grammar forcing the rest) is dropped: the calls before it are whole, and the
+        finish reason says the answer was cut. Output whose calls do not read as calls
+        (not JSON) is all content, as the model wrote it."""
         content, raws = self.split(text)
+        if raws and not raws[-1].complete:
+            raws = raws[:-1]
+            if not raws:
+                return ParsedOutput(content if content.strip() else None)
         if not raws:
             return ParsedOutput(text or None)
         calls = []

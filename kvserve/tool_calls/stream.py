@@ -80,12 +80,11 @@ class ToolCallStream:
         return piece
 
     def finish(self) -> StreamPiece:
-        """The end of the output: a tail held back is content after all (no call came)."""
+        """The end of the output: a tail held back is content after all (no call came); a
+        call cut before its name closed is dropped, as `ToolParser.parse` drops it."""
         if self._sent:
             return StreamPiece()
-        content, raws = self.parser.split(self.text, self._scans)
-        if raws:  # a call started but its name never closed: it was text after all
-            content = self.text
+        content, _ = self.parser.split(self.text, self._scans)
         rest = content[self._content_sent :]
         self._content_sent = len(content)
         return StreamPiece(rest)

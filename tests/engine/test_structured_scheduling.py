@@ -16,6 +16,7 @@ from safetensors.torch import load_file, save_file
 
 from kvserve import LLM, SamplingParams
 from kvserve.sampling_params import StructuredOutputsParams
+from kvserve.structured.compiler import Pending
 
 SCHEMA = {
     "type": "object",
@@ -104,7 +105,7 @@ def test_a_request_whose_grammar_compiles_waits_while_others_run(demo_model, ref
     held: Future = Future()
     compiler = engine.grammars.compiler
     real_submit = compiler.submit
-    compiler.submit = lambda spec: held
+    compiler.submit = lambda spec: Pending(spec.key, held)
     try:
         engine.add_request("c", PROMPTS[1], JSON)
     finally:
@@ -132,7 +133,7 @@ def test_a_compile_that_fails_fails_its_request_alone(demo_model):
     broken.set_exception(RuntimeError("compile blew up"))
     compiler = engine.grammars.compiler
     real_submit = compiler.submit
-    compiler.submit = lambda spec: broken
+    compiler.submit = lambda spec: Pending(spec.key, broken)
     try:
         engine.add_request("c", PROMPTS[1], JSON)
     finally:

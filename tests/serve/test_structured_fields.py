@@ -16,6 +16,7 @@ import pytest
 
 from kvserve.serve import structured
 from kvserve.serve.errors import APIError
+from kvserve.structured.compiler import Pending
 from kvserve.structured.state import GrammarState
 
 # Text no other test of the shared server sends (a cached prefix would change others).
@@ -184,7 +185,7 @@ def test_a_compile_that_fails_later_is_a_400_for_its_request():
     future: Future[Any] = Future()
     future.set_exception(RuntimeError("[12:00:00] x.cc:1: boom"))
     with pytest.raises(ValueError, match=r"^structured_outputs: the grammar failed") as caught:
-        _ = GrammarState(future).matcher
+        _ = GrammarState(Pending(("json", "{}"), future)).matcher
     error = f"ValueError: {caught.value}"
     failed = structured.compile_failure(error, "guided_json")
     assert isinstance(failed, APIError) and failed.status == 400

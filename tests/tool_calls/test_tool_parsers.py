@@ -80,10 +80,15 @@ def test_text_without_calls_is_content_even_when_it_ends_like_a_marker(parser):
     assert held + stream.finish().content == text and not stream.called
 
 
-def test_a_call_cut_short_leaves_the_whole_output_as_content():
+def test_a_call_cut_short_is_dropped_and_the_calls_before_it_kept():
     text = 'Hi <tool_call>\n{"name": "f", "arguments": {"a": 1'
     parsed = HermesParser().parse(text)
-    assert parsed.content == text and parsed.tool_calls == []
+    assert parsed.content == "Hi " and parsed.tool_calls == []
+    whole = '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
+    parsed = HermesParser().parse(f'{whole}\n{whole}\n<tool_call>\n{{"na')
+    assert parsed.content is None and [c.arguments for c in parsed.tool_calls] == ['{"a": 1}'] * 2
+    cut = Llama3JsonParser().parse('{"name": "f", "parameters": {}}; {"name": "g", "par')
+    assert cut.content is None and [c.name for c in cut.tool_calls] == ["f"]
 
 
 def test_an_empty_content_before_the_call_is_null():

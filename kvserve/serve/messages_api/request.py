@@ -6,7 +6,8 @@ an assistant turn's `tool_use` blocks become its tool calls (arguments: the
 input as JSON); `max_tokens`, `stop_sequences`, `temperature`, `top_p`,
 `top_k` map by name; tools (`input_schema`) become function tools and
 `tool_choice` auto / any / tool / none becomes "auto" / "required" / the named
-function / "none". Rendering and tokenizing are the chat path's
+function / "none", and its `disable_parallel_tool_use` chat's
+`parallel_tool_calls: false`. Rendering and tokenizing are the chat path's
 (completions.chat_prompt), as for every other API.
 """
 
@@ -81,6 +82,8 @@ def translate(body: dict[str, Any], count_only: bool = False) -> tuple[dict[str,
         chat["tools"] = chat_tools(body["tools"])
     if body.get("tool_choice") is not None:
         chat["tool_choice"] = chat_tool_choice(body["tool_choice"])
+        if _one_call_only(body["tool_choice"]):
+            chat["parallel_tool_calls"] = False
     if flag(body, "stream"):
         # usage on every chunk: message_start carries the prompt's tokens
         chat["stream"] = True
@@ -191,10 +194,19 @@ def chat_tools(tools: Any) -> list[dict[str, Any]]:
     return out
 
 
+def _one_call_only(choice: dict[str, Any]) -> bool:
+    """`disable_parallel_tool_use`: at most one call (exactly one with any / tool), what
+    chat's `parallel_tool_calls: false` means."""
+    value = choice.get("disable_parallel_tool_use")
+    if value is not None and not isinstance(value, bool):
+        raise APIError(
+            "tool_choice.disable_parallel_tool_use must be true or false", param="tool_choice"
+        )
+    return value is True
+
+
 def chat_tool_choice(choice: Any) -> Any:
     kind = choice.get("type") if isinstance(choice, dict) else None
-    if isinstance(choice, dict) and choice.get("disable_parallel_tool_use"):
-        raise APIError("tool_choice.disable_parallel_tool_use is not served", param="tool_choice")
     if kind in ("auto", "none"):
         return kind
     if kind == "any":

@@ -42,7 +42,7 @@ async def _create(request: Request, state: ServerState) -> Any:
     body = protocol.parse_json(await request.body())
     chat, ignored = translate(body)
     prompt = await completions.chat_prompt(state, chat)
-    job = await completions.start_chat(state, chat, prompt)
+    job = await completions.start_chat(state, chat, prompt, request)
     state.ignored_log.note(ignored)
     headers = fields.header([*ignored, *prompt.ignored])
     shape = MessageShape(new_id("msg"), state.served_name, chat.get("stop") or [])

@@ -39,7 +39,7 @@ async def create(request: Request, state: ServerState) -> Any:
     keep = protocol.flag(body, "store", default=True)
     with chat_params():
         prompt = await completions.chat_prompt(state, translated.chat)
-        job = await completions.start_chat(state, translated.chat, prompt)
+        job = await completions.start_chat(state, translated.chat, prompt, request)
     state.ignored_log.note(translated.ignored)
     headers = fields.header([*translated.ignored, *prompt.ignored])
     shape = ResponseShape(new_id("resp"), int(time.time()), state.served_name, body)
