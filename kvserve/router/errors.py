@@ -25,11 +25,15 @@ _TYPES = {
 
 
 def error(
-    message: str, status: int, code: str | None = None, headers: dict[str, str] | None = None
+    message: str,
+    status: int,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+    param: str | None = None,
 ) -> JSONResponse:
     """OpenAI's error body; a 503 carries Retry-After."""
     kind = _TYPES.get(status, "invalid_request_error")
-    body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
     if status == 503:
         headers = {"Retry-After": str(RETRY_AFTER_SECONDS), **(headers or {})}
     return JSONResponse(body, status_code=status, headers=headers)

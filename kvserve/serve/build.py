@@ -76,4 +76,6 @@ def build_served_engine(
         pooling=args.pooling,
         reasoning_parser=args.reasoning_parser,
     )
+    assert state.kv_metadata is not None
+    state.kv_metadata["limits"] = state.tokens.prompt_limits(state.max_n).as_dict()
     return ServedEngine(llm, engine, state)
