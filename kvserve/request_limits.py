@@ -58,8 +58,11 @@ def decode_body(raw: bytes) -> dict[str, Any]:
 
 def _deeper_than(value: Any, limit: int, raw: bytes | str) -> bool:
     """More than `limit` nested arrays and objects (cheap unless the text has that many)."""
-    opening = (b"[", b"{") if isinstance(raw, bytes) else ("[", "{")
-    if raw.count(opening[0]) + raw.count(opening[1]) <= limit:  # type: ignore[arg-type]
+    if isinstance(raw, bytes):
+        opened = raw.count(b"[") + raw.count(b"{")
+    else:
+        opened = raw.count("[") + raw.count("{")
+    if opened <= limit:
         return False
     level = [value] if isinstance(value, dict | list) else []
     for _ in range(limit):
