@@ -32,7 +32,6 @@ of its own at module level: the routing book shared with the ingress is book.py'
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -55,6 +54,7 @@ from ray.serve.request_router import (
 from kvserve.model.checkpoint.tokenizer import load_tokenizer
 from kvserve.ray import book
 from kvserve.ray.book import ViewStats
+from kvserve.request_limits import LimitError, decode_body
 from kvserve.router.follower import EventFollower
 from kvserve.router.prompts import Endpoint, extra_keys, prompt_token_ids
 from kvserve.router.replicas import event_source
@@ -294,7 +294,7 @@ def _forwarded(args: list[Any]) -> tuple[Endpoint, Any] | None:
     endpoint = GENERATION_PATHS.get(scope.get("path", ""))
     if endpoint is None or scope.get("method") != "POST":
         return None
-    try:
-        return endpoint, json.loads(raw)
-    except ValueError:
+    try:  # depth-bounded: a body nested 100,000 deep is the replica's 400, not a crash here
+        return endpoint, decode_body(raw)
+    except LimitError:
         return None

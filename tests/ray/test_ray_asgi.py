@@ -41,3 +41,13 @@ def test_the_forwarded_scope_is_the_request_at_the_apps_root():
     assert out["path"] == "/v1/completions" and out["raw_path"] == b"/v1/completions"
     assert out["root_path"] == "" and "app" not in out
     assert out["query_string"] == b"a=1" and out["client"] == ("127.0.0.1", 5000)
+
+
+def test_the_request_router_reads_a_deep_body_as_unknown():
+    """A body nested 100,000 deep gets no prediction (the replica answers its 400): read
+    depth-bounded, it neither recurses nor fails the routing."""
+    from kvserve.ray.router import _forwarded
+
+    scope = {"path": "/v1/completions", "method": "POST"}
+    assert _forwarded([scope, b"[" * 100_000 + b"]" * 100_000]) is None
+    assert _forwarded([scope, b'{"prompt": "hi"}']) == ("completions", {"prompt": "hi"})
