@@ -12,7 +12,8 @@ larger than `max_request_bytes` is a 413, a body the replicas would refuse
 before tokenizing it (JSON too deep, too many or too long prompts, n) a 400,
 both before the router tokenizes anything (limits.py); every answer of the
 router's own is OpenAI's error body (errors.py). A long body is tokenized on a
-thread of its own, one at a time (state.py): short ones never wait behind it.
+thread of its own, one at a time (state.py): short ones never wait behind it; a
+client gone while its prompt was tokenized has nothing sent to a replica.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import hmac
 import logging
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures import Future
+from functools import partial
 from typing import Any
 
 import httpx
@@ -33,7 +36,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from kvserve.request_limits import LimitError, decode_body
 from kvserve.router import health
 from kvserve.router.errors import error, install_error_handlers
-from kvserve.router.forward import Prediction, forward
+from kvserve.router.forward import GONE_STATUS, ClientGone, Prediction, forward, unless_gone
 from kvserve.router.limits import check_request, read_body
 from kvserve.router.prompts import Endpoint, extra_keys, prompt_token_ids
 from kvserve.router.replicas import headers
@@ -141,11 +144,22 @@ async def _generate(request: Request, state: RouterState, endpoint: Endpoint) ->
         check_request(state.limits, endpoint, body)
     except LimitError as exc:
         return error(exc.message, 400, param=exc.param)
-    return await forward(request, state, raw, await _predict(state, endpoint, body, len(raw)))
+    try:  # a client gone while its prompt is tokenized: nothing is sent
+        prediction = await unless_gone(request, _predict(state, endpoint, body, len(raw)))
+    except ClientGone:
+        return Response(status_code=GONE_STATUS)
+    return await forward(request, state, raw, prediction)
+
+
+def _tokenized(state: RouterState, started: float, done: Future[Any]) -> None:
+    """The tokenizer thread's time (queue included), also for a client that left meanwhile."""
+    if not done.cancelled():
+        state.metrics.tokenize_seconds.observe(time.perf_counter() - started)
 
 
 async def _predict(state: RouterState, endpoint: Endpoint, body: Any, size: int) -> Prediction:
     """The prompts' tokens and each replica's hit; none when the body is not understood,
+    when a prompt is longer than the replicas take (matching is bounded by their limits),
     or when it is long (`size` bytes) and another long one is being tokenized.
     An embedding's answer reports no cached tokens: its hit steers, and is not checked."""
     if size <= SHORT_BODY_BYTES:
@@ -157,18 +171,22 @@ async def _predict(state: RouterState, endpoint: Endpoint, body: Any, size: int)
     started = time.perf_counter()
     sync = asyncio.wrap_future(state.follower.sync())  # its round trip overlaps tokenizing
     work = thread.submit(prompt_token_ids, tokenizer, endpoint, body)
+    work.add_done_callback(partial(_tokenized, state, started))
     if thread is state.long_thread:
         state.long_work = work  # busy until the thread is done, even if the client leaves
     try:
-        prompts = await asyncio.wrap_future(work)
+        prompts = await asyncio.wrap_future(work)  # cancelled: taken off the queue if not begun
+    except asyncio.CancelledError:
+        sync.cancel()
+        raise
     except Exception as exc:  # a template that fails: the replica will say why
         log.debug("no prediction: %s", exc)
         prompts = None
     tokenized = time.perf_counter()
-    if prompts is None:
-        sync.cancel()
+    longest = state.limits.max_model_len if state.limits is not None else None
+    if prompts is None or (longest is not None and any(len(p) >= longest for p in prompts)):
+        sync.cancel()  # a prompt the replica refuses is not matched: no work for nothing
         return Prediction()
-    state.metrics.tokenize_seconds.observe(tokenized - started)
     try:
         synced = await asyncio.wait_for(sync, PREDICT_TIMEOUT_SECONDS)
         hits = await asyncio.wait_for(

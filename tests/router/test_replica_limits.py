@@ -8,6 +8,7 @@ request waiting; the limits travel in the replica's /kv-metadata.
 
 from __future__ import annotations
 
+import json
 import random
 import string
 import threading
@@ -16,7 +17,8 @@ import time
 import httpx
 import pytest
 
-from tests.router.conftest import start_replicas, start_router, stop_all
+from tests.router.conftest import router_value, start_replicas, start_router, stop_all, wait_for
+from tests.serve.conftest import scrape
 
 ALONE = {"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}
 
@@ -121,25 +123,38 @@ def test_a_long_prompt_is_the_replicas_to_refuse_by_tokens(pair):
 @pytest.mark.slow
 def test_a_long_in_limit_batch_keeps_no_short_request_waiting(pair):
     """A batch of the longest prompts the replica takes is tokenized on its own thread: a
-    request sent meanwhile (token ids, so the replica's tokenizer is not in its way) answers
-    at once. On one tokenizer thread it would wait for the whole batch."""
+    request sent meanwhile answers at once (token ids: it needs no tokenizer of the
+    replica's either). On one tokenizer thread it would wait for the whole batch. The
+    batch's client leaves while the router tokenizes: the replica never gets it."""
     replica, router = pair
     limits = httpx.get(f"{replica.url}/kv-metadata", timeout=10).json()["limits"]
     size = limits["max_prompt_chars"]
     chosen = random.Random(0).choices(string.ascii_lowercase + "   ", k=size * 2)
     prompts = ["".join(chosen[j * 397 : j * 397 + size]) for j in range(220)]  # ~14 MB
-    batch = {"prompt": prompts, "max_tokens": 1}
+    content = json.dumps({"prompt": prompts, "max_tokens": 1}).encode()
     short = {"prompt": [1, 2, 3, 4, 5], "max_tokens": 4, "temperature": 0}
     alone = httpx.post(f"{router.url}/v1/completions", json=short, timeout=60).json()
-    sender = threading.Thread(
-        target=lambda: httpx.post(f"{router.url}/v1/completions", json=batch, timeout=300),
-        daemon=True,
-    )
+    sent = router_value(router, "requests_total", replica)
+    tokenizations = scrape(router)["kvserve:router_tokenize_seconds_count{}"]
+
+    def leave_early() -> None:
+        with pytest.raises(httpx.ReadTimeout):  # gone before the router has tokenized it
+            httpx.post(f"{router.url}/v1/completions", content=content, timeout=3)
+
+    sender = threading.Thread(target=leave_early)
     sender.start()
-    time.sleep(0.5)  # the batch is on the router's tokenizer by now
+    time.sleep(1)  # the batch is on the router's tokenizer by now
     started = time.monotonic()
     meanwhile = httpx.post(f"{router.url}/v1/completions", json=short, timeout=60)
     waited = time.monotonic() - started
     assert meanwhile.status_code == 200, meanwhile.text
     assert meanwhile.json()["choices"][0]["text"] == alone["choices"][0]["text"]
     assert waited < 5, f"a short request waited {waited:.1f}s behind a long batch"
+    sender.join(timeout=60)
+
+    def tokenized() -> bool:  # the batch's tokens counted: it would be sent by now
+        return scrape(router)["kvserve:router_tokenize_seconds_count{}"] >= tokenizations + 2
+
+    wait_for(tokenized, timeout=120, what="the batch's tokenizing")
+    time.sleep(1)
+    assert router_value(router, "requests_total", replica) == sent + 1  # the short one only
