@@ -5,15 +5,18 @@ bounds (a 500,000-key metadata is a 400, not 61 MB kept), and the store is bound
 (`--responses-store-mb`: the oldest go first) as well as by count; with the one API key
 every holder reads the same store, and nobody else reads any of it. A tool call's
 `arguments` (a JSON string) nested 100,000 deep is a 400 naming it, in chat, the Responses
-API and the Messages API alike, and the server keeps serving.
+API and the Messages API alike, and the server keeps serving. A client that leaves a
+response early has it aborted.
 """
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 
-from tests.serve.conftest import start_server, stop_server
+from tests.serve.conftest import metric, scrape, start_server, stop_server
 
 KEY = {"Authorization": "Bearer k"}
 STORE_MB = 0.05
@@ -59,6 +62,18 @@ def respond(server, **extra) -> httpx.Response:
 )
 def test_kept_fields_are_held_to_openais_bounds(keyed, extra, param, words):
     assert words in refused(respond(keyed, **extra), param)
+
+
+def test_refused_metadata_leaves_no_memory_behind(keyed):
+    """Five 500,000-key bodies (each ~61 MB if it were kept): memory stays near its start."""
+    with open(f"/proc/{keyed.proc.pid}/status") as status:
+        before = next(int(x.split()[1]) for x in status if x.startswith("VmRSS:"))
+    huge = {f"k{i}": "v" for i in range(500_000)}
+    for _ in range(5):
+        assert respond(keyed, metadata=huge).status_code == 400
+    with open(f"/proc/{keyed.proc.pid}/status") as status:
+        after = next(int(x.split()[1]) for x in status if x.startswith("VmRSS:"))
+    assert (after - before) / 1024 < 150, f"{(after - before) / 1024:.0f} MB more"
 
 
 def test_the_bounds_themselves_are_accepted_and_kept(keyed):
@@ -137,3 +152,30 @@ def test_deep_tool_call_arguments_are_a_400_naming_them(keyed):
 
     alive = post(keyed, "/v1/chat/completions", {"messages": chat["messages"][:1], "max_tokens": 2})
     assert alive.status_code == 200, alive.text[:300]
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "whole"])
+def test_a_responses_client_that_leaves_has_its_request_aborted(keyed, stream):
+    """Gone after the first event (streamed) or while waiting (whole): the engine aborts it
+    (the abort is counted, nothing keeps running) and nothing is stored for nobody."""
+    aborted = metric(scrape(keyed), "kvserve:request_success_total", finished_reason="abort")
+    body = {"input": "Tell a long story.", "max_output_tokens": 1500, "stream": stream}
+    url = f"{keyed.url}/v1/responses"
+    if stream:
+        with httpx.stream("POST", url, json=body, headers=KEY, timeout=60) as resp:
+            assert resp.status_code == 200
+            next(resp.iter_lines())
+    else:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(url, json=body, headers=KEY, timeout=1)
+
+    def settled() -> bool:
+        values = scrape(keyed)
+        gone = metric(values, "kvserve:request_success_total", finished_reason="abort")
+        return gone > aborted and metric(values, "kvserve:num_requests_running") == 0
+
+    deadline = time.monotonic() + 30
+    while not settled():
+        assert time.monotonic() < deadline, "the request was not aborted"
+        time.sleep(0.2)
+    assert respond(keyed).status_code == 200
