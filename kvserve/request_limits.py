@@ -35,17 +35,32 @@ class LimitError(ValueError):
         self.param = param
 
 
+class TooDeep(LimitError):
+    """JSON nested deeper than MAX_JSON_DEPTH."""
+
+
 def decode_json(raw: bytes | str, what: str = "the request body") -> Any:
     """`raw` as JSON, at most MAX_JSON_DEPTH deep; a LimitError says why not."""
     try:
         value = msgspec.json.decode(raw)
     except (msgspec.DecodeError, RecursionError) as exc:
         if isinstance(exc, RecursionError) or "recursion" in str(exc).lower():
-            raise LimitError(f"{what} nests deeper than {MAX_JSON_DEPTH}") from None
+            raise TooDeep(f"{what} nests deeper than {MAX_JSON_DEPTH}") from None
         raise LimitError(f"{what} is not valid JSON: {exc}") from None
     if _deeper_than(value, MAX_JSON_DEPTH, raw):
-        raise LimitError(f"{what} nests deeper than {MAX_JSON_DEPTH}")
+        raise TooDeep(f"{what} nests deeper than {MAX_JSON_DEPTH}")
     return value
+
+
+def check_json_depth(text: str, what: str) -> None:
+    """A TooDeep for JSON text (a schema sent as a string) nested past MAX_JSON_DEPTH;
+    text that is not JSON is left to whoever reads it next."""
+    try:
+        decode_json(text, what)
+    except TooDeep:
+        raise
+    except LimitError:
+        pass
 
 
 def decode_body(raw: bytes) -> dict[str, Any]:

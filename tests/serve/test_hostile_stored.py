@@ -179,3 +179,18 @@ def test_a_responses_client_that_leaves_has_its_request_aborted(keyed, stream):
         assert time.monotonic() < deadline, "the request was not aborted"
         time.sleep(0.2)
     assert respond(keyed).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"guided_json": DEEP}, "guided_json"),
+        ({"structured_outputs": {"json": DEEP}}, "structured_outputs"),
+        ({"structured_outputs": {"structural_tag": DEEP}}, "structured_outputs"),
+    ],
+    ids=["guided_json", "structured_outputs.json", "structural_tag"],
+)
+def test_a_deep_schema_in_a_string_is_a_400_naming_it(keyed, extra, param):
+    body = {"prompt": "hi", "max_tokens": 2, **extra}
+    assert "nests deeper than 32" in refused(post(keyed, "/v1/completions", body), param)
+    assert post(keyed, "/v1/completions", {"prompt": "hi", "max_tokens": 2}).status_code == 200
