@@ -51,3 +51,20 @@ def test_the_request_router_reads_a_deep_body_as_unknown():
     scope = {"path": "/v1/completions", "method": "POST"}
     assert _forwarded([scope, b"[" * 100_000 + b"]" * 100_000]) is None
     assert _forwarded([scope, b'{"prompt": "hi"}']) == ("completions", {"prompt": "hi"})
+
+
+def test_the_request_router_does_not_tokenize_what_the_replicas_refuse():
+    """With the replicas' limits, a prompt longer than any that fits is not read for a
+    prediction (Serve's choice sends it; the replica answers its 400 unread)."""
+    from kvserve.ray.router import _forwarded
+    from kvserve.request_limits import PromptLimits
+
+    limits = PromptLimits(max_model_len=100, chars_per_token=32, max_n=4)
+    scope = {"path": "/v1/completions", "method": "POST"}
+    fits = b'{"prompt": "' + b"x" * 3200 + b'"}'
+    assert _forwarded([scope, fits], limits) is not None
+    assert _forwarded([scope, fits.replace(b'"}', b'x"}')], limits) is None
+    assert _forwarded([scope, b'{"prompt": "hi", "n": 5}'], limits) is None
+    chat = {"path": "/v1/chat/completions", "method": "POST"}
+    long_chat = b'{"messages": [{"role": "user", "content": "' + b"y" * 3201 + b'"}]}'
+    assert _forwarded([chat, long_chat], limits) is None
