@@ -8,9 +8,10 @@ adding any: a second BOS would change the model's answer.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
+
+from kvserve.request_limits import LimitError, decode_json
 
 Message = dict[str, Any]
 Conversation = Sequence[Message]
@@ -96,11 +97,11 @@ def _tool_calls(calls: Any, where: str) -> list[Message]:
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
             raise ValueError(f"{where}[{j}] needs a function with a string name")
         arguments = function.get("arguments", "{}")
-        if isinstance(arguments, str):
+        if isinstance(arguments, str):  # read as a body is: at most MAX_JSON_DEPTH deep
             try:
-                arguments = json.loads(arguments or "{}")
-            except json.JSONDecodeError:
-                raise ValueError(f"{where}[{j}].function.arguments is not JSON") from None
+                arguments = decode_json(arguments or "{}", f"{where}[{j}].function.arguments")
+            except LimitError as exc:
+                raise ValueError(exc.message) from None
         if not isinstance(arguments, dict):
             raise ValueError(f"{where}[{j}].function.arguments must be a JSON object")
         entry: Message = {

@@ -79,6 +79,7 @@ def child_argv(
         argv += ["--max-queued-requests", str(args.max_queued_requests)]
     argv += ["--shutdown-timeout", str(args.shutdown_timeout)]
     argv += ["--responses-store-size", str(args.responses_store_size)]
+    argv += ["--responses-store-mb", str(args.responses_store_mb)]
     argv += ["--metrics-prefix", args.metrics_prefix]
     if args.log_requests:
         argv.append("--log-requests")

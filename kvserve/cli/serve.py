@@ -19,7 +19,7 @@ from kvserve.cli.engine_options import add_engine_options, engine_args_from
 from kvserve.pooling_params import POOLING_RULES
 from kvserve.reasoning.registry import REASONING_PARSERS
 from kvserve.serve.metrics import PREFIXES
-from kvserve.serve.responses_api.store import RESPONSES_STORE_SIZE
+from kvserve.serve.responses_api.store import RESPONSES_STORE_MB, RESPONSES_STORE_SIZE
 from kvserve.tool_calls.registry import PARSERS
 
 if TYPE_CHECKING:
@@ -89,6 +89,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=RESPONSES_STORE_SIZE,
         help="/v1/responses kept for GET and previous_response_id (least recently used go "
         "first; 0: none kept)",
+    )
+    s.add_argument(
+        "--responses-store-mb",
+        type=float,
+        default=RESPONSES_STORE_MB,
+        help="megabytes the stored /v1/responses may take, each weighed as its JSON (least "
+        "recently used go first)",
     )
     s.add_argument(
         "--tool-call-parser",
@@ -189,6 +196,8 @@ def run(args: argparse.Namespace) -> int:
     args.model = model_from(args)
     if args.responses_store_size < 0:
         raise ValueError(f"--responses-store-size must be >= 0, got {args.responses_store_size}")
+    if not args.responses_store_mb >= 0:
+        raise ValueError(f"--responses-store-mb must be >= 0, got {args.responses_store_mb}")
     engine_args = engine_args_from(args)
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     if args.data_parallel_size > 1:  # the parent runs no engine: children do, a router fronts

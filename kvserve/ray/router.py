@@ -10,6 +10,8 @@ the same code:
   stats (replica.py), so no address is ever written down. A replica that leaves (dies, is
   scaled down) has its view dropped; the one Serve starts in its place, or a replica that
   restarted in place (a new boot id), is followed from scratch (replay, else a snapshot);
+- holds a body to the replicas' limits (their `limits`, kvserve.request_limits): one they
+  refuse unread is not tokenized here either, and gets Serve's choice;
 - tokenizes each request's prompts as the replica will (`kvserve.router.prompts`, with the
   checkpoint's tokenizer the replicas advertise), brings every view up to date (a sync round
   started as the request arrives, overlapping the tokenizer) and matches them;
@@ -32,7 +34,6 @@ of its own at module level: the routing book shared with the ingress is book.py'
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -55,7 +56,9 @@ from ray.serve.request_router import (
 from kvserve.model.checkpoint.tokenizer import load_tokenizer
 from kvserve.ray import book
 from kvserve.ray.book import ViewStats
+from kvserve.request_limits import LimitError, PromptLimits, decode_body
 from kvserve.router.follower import EventFollower
+from kvserve.router.limits import check_request, loosest
 from kvserve.router.prompts import Endpoint, extra_keys, prompt_token_ids
 from kvserve.router.replicas import event_source
 from kvserve.routing import Policy, ReplicaLoad, make_policy
@@ -201,7 +204,10 @@ class KVServeRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         self, candidates: list[RunningReplica], request: PendingRequest
     ) -> list[list[RunningReplica]] | None:
         """Ranks: the policy's choice, then the rest; None: no prediction possible."""
-        forwarded = _forwarded(request.args)
+        limits = loosest(
+            [PromptLimits.from_dict(f.info.get("limits")) for f in self.followed.values()]
+        )
+        forwarded = _forwarded(request.args, limits)
         if forwarded is None or not self.followed:
             return None
         endpoint, body = forwarded
@@ -211,6 +217,9 @@ class KVServeRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         synced = await asyncio.wrap_future(synced_future)
         if prompts is None or not synced:
             return None
+        longest = limits.max_model_len if limits is not None else None
+        if longest is not None and any(len(p) >= longest for p in prompts):
+            return None  # the replica refuses it: nothing to match
         by_index = await asyncio.wrap_future(
             self.follower.predict(prompts, extra_keys(body), synced)
         )
@@ -285,16 +294,19 @@ class KVServeRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         self._uncount(internal_request_id)
 
 
-def _forwarded(args: list[Any]) -> tuple[Endpoint, Any] | None:
+def _forwarded(args: list[Any], limits: PromptLimits | None = None) -> tuple[Endpoint, Any] | None:
     """(its endpoint, the JSON body) of a generation request forwarded by the ingress, else
-    None."""
+    None: also for a body the replicas refuse before tokenizing it (`limits`, theirs), which
+    is then not tokenized here either."""
     if len(args) != 2 or not isinstance(args[0], dict) or not isinstance(args[1], bytes):
         return None
     scope, raw = args
     endpoint = GENERATION_PATHS.get(scope.get("path", ""))
     if endpoint is None or scope.get("method") != "POST":
         return None
-    try:
-        return endpoint, json.loads(raw)
-    except ValueError:
+    try:  # depth-bounded: a body nested 100,000 deep is the replica's 400, not a crash here
+        body = decode_body(raw)
+        check_request(limits, endpoint, body)
+    except LimitError:
         return None
+    return endpoint, body

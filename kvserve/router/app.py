@@ -8,8 +8,12 @@ are forwarded without a prediction. /health is 200 while some replica can
 take a request and the router is not draining; /metrics is the router's own
 registry. With an API key every route but /health and /metrics wants it, as
 on the replicas; the request then goes on with the same header. A body
-larger than `max_request_bytes` is a 413 (limits.py); every answer of the
-router's own is OpenAI's error body (errors.py).
+larger than `max_request_bytes` is a 413, a body the replicas would refuse
+before tokenizing it (JSON too deep, too many or too long prompts, n) a 400,
+both before the router tokenizes anything (limits.py); every answer of the
+router's own is OpenAI's error body (errors.py). A long body is tokenized on a
+thread of its own, one at a time (state.py): short ones never wait behind it; a
+client gone while its prompt was tokenized has nothing sent to a replica.
 """
 
 from __future__ import annotations
@@ -17,10 +21,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import json
 import logging
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures import Future
+from functools import partial
 from typing import Any
 
 import httpx
@@ -28,13 +33,14 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from kvserve.request_limits import LimitError, decode_body
 from kvserve.router import health
 from kvserve.router.errors import error, install_error_handlers
-from kvserve.router.forward import Prediction, forward
-from kvserve.router.limits import read_body
+from kvserve.router.forward import GONE_STATUS, ClientGone, Prediction, forward, unless_gone
+from kvserve.router.limits import check_request, read_body
 from kvserve.router.prompts import Endpoint, extra_keys, prompt_token_ids
 from kvserve.router.replicas import headers
-from kvserve.router.state import RouterState
+from kvserve.router.state import SHORT_BODY_BYTES, RouterState
 from kvserve.version import version as installed
 
 log = logging.getLogger("kvserve.router")
@@ -133,31 +139,54 @@ async def _generate(request: Request, state: RouterState, endpoint: Endpoint) ->
     raw = await read_body(request, state.max_request_bytes)
     if isinstance(raw, Response):
         return raw
-    return await forward(request, state, raw, await _predict(state, endpoint, raw))
-
-
-async def _predict(state: RouterState, endpoint: Endpoint, raw: bytes) -> Prediction:
-    """The prompts' tokens and each replica's hit; none when the body is not understood.
-    An embedding's answer reports no cached tokens: its hit steers, and is not checked."""
     try:
-        body: Any = json.loads(raw)
-    except ValueError:
+        body = decode_body(raw)
+        check_request(state.limits, endpoint, body)
+    except LimitError as exc:
+        return error(exc.message, 400, param=exc.param)
+    try:  # a client gone while its prompt is tokenized: nothing is sent
+        prediction = await unless_gone(request, _predict(state, endpoint, body, len(raw)))
+    except ClientGone:
+        return Response(status_code=GONE_STATUS)
+    return await forward(request, state, raw, prediction)
+
+
+def _tokenized(state: RouterState, started: float, done: Future[Any]) -> None:
+    """The tokenizer thread's time (queue included), also for a client that left meanwhile."""
+    if not done.cancelled():
+        state.metrics.tokenize_seconds.observe(time.perf_counter() - started)
+
+
+async def _predict(state: RouterState, endpoint: Endpoint, body: Any, size: int) -> Prediction:
+    """The prompts' tokens and each replica's hit; none when the body is not understood,
+    when a prompt is longer than the replicas take (matching is bounded by their limits),
+    or when it is long (`size` bytes) and another long one is being tokenized.
+    An embedding's answer reports no cached tokens: its hit steers, and is not checked."""
+    if size <= SHORT_BODY_BYTES:
+        thread, tokenizer = state.tokenizer_thread, state.tokenizer
+    elif state.long_lane_free():
+        thread, tokenizer = state.long_thread, state.long_tokenizer
+    else:
         return Prediction()
-    loop = asyncio.get_running_loop()
     started = time.perf_counter()
     sync = asyncio.wrap_future(state.follower.sync())  # its round trip overlaps tokenizing
+    work = thread.submit(prompt_token_ids, tokenizer, endpoint, body)
+    work.add_done_callback(partial(_tokenized, state, started))
+    if thread is state.long_thread:
+        state.long_work = work  # busy until the thread is done, even if the client leaves
     try:
-        prompts = await loop.run_in_executor(
-            state.tokenizer_thread, prompt_token_ids, state.tokenizer, endpoint, body
-        )
+        prompts = await asyncio.wrap_future(work)  # cancelled: taken off the queue if not begun
+    except asyncio.CancelledError:
+        sync.cancel()
+        raise
     except Exception as exc:  # a template that fails: the replica will say why
         log.debug("no prediction: %s", exc)
         prompts = None
     tokenized = time.perf_counter()
-    if prompts is None:
-        sync.cancel()
+    longest = state.limits.max_model_len if state.limits is not None else None
+    if prompts is None or (longest is not None and any(len(p) >= longest for p in prompts)):
+        sync.cancel()  # a prompt the replica refuses is not matched: no work for nothing
         return Prediction()
-    state.metrics.tokenize_seconds.observe(tokenized - started)
     try:
         synced = await asyncio.wait_for(sync, PREDICT_TIMEOUT_SECONDS)
         hits = await asyncio.wait_for(

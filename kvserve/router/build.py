@@ -13,11 +13,12 @@ import logging
 import uvicorn
 
 from kvserve.model.checkpoint.tokenizer import load_tokenizer
+from kvserve.request_limits import PromptLimits
 from kvserve.router.app import create_app
 from kvserve.router.follower import EventFollower
 from kvserve.router.health import follow
 from kvserve.router.lifecycle import RouterServer
-from kvserve.router.limits import MAX_REQUEST_BYTES
+from kvserve.router.limits import MAX_REQUEST_BYTES, loosest
 from kvserve.router.metrics import RouterMetrics
 from kvserve.router.replicas import discover
 from kvserve.router.state import RouterState
@@ -53,6 +54,7 @@ def build_router(
         api_key,
         health_interval,
         MAX_REQUEST_BYTES if max_request_bytes is None else max_request_bytes,
+        limits=loosest([PromptLimits.from_dict(r.info.get("limits")) for r in replicas]),
     )
     follower.start()
     for replica in replicas:
@@ -85,5 +87,5 @@ def serve_router(
         server.run()
     finally:
         state.follower.close()
-        state.tokenizer_thread.shutdown(wait=False)
+        state.close_threads()
     return server.signalled

@@ -25,18 +25,23 @@ _TYPES = {
 
 
 def error(
-    message: str, status: int, code: str | None = None, headers: dict[str, str] | None = None
+    message: str,
+    status: int,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+    param: str | None = None,
 ) -> JSONResponse:
     """OpenAI's error body; a 503 carries Retry-After."""
     kind = _TYPES.get(status, "invalid_request_error")
-    body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
     if status == 503:
         headers = {"Retry-After": str(RETRY_AFTER_SECONDS), **(headers or {})}
     return JSONResponse(body, status_code=status, headers=headers)
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    """Starlette's 404 (no such route) and 405 (wrong method, with Allow) in OpenAI's body."""
+    """Starlette's 404 (no such route) and 405 (wrong method, with Allow) in OpenAI's body;
+    any other exception (a bug) a 500 in the same body, never Starlette's plain text."""
 
     async def http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
@@ -48,4 +53,9 @@ def install_error_handlers(app: FastAPI) -> None:
             message = str(exc.detail)
         return error(message, exc.status_code, headers=dict(exc.headers or {}))
 
+    async def bug(request: Request, exc: Exception) -> JSONResponse:
+        # Starlette's outermost handler: it logs the traceback itself after this answer.
+        return error(f"internal error: {type(exc).__name__}", 500)
+
     app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(Exception, bug)

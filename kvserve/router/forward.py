@@ -83,7 +83,7 @@ class _Refused:
     reason: str
 
 
-class _ClientGone(Exception):
+class ClientGone(Exception):
     """The client left before the answer's first byte."""
 
 
@@ -109,7 +109,7 @@ async def forward(
         )
         try:
             answer = await _send(request, state, replica, raw, prediction, retry_503=others)
-        except _ClientGone:
+        except ClientGone:
             state.in_flight -= 1
             log.info("client left before the answer: the request on %s is aborted", replica.url)
             return Response(status_code=GONE_STATUS)
@@ -140,7 +140,7 @@ async def _send(
     retry_503: bool,
 ) -> Response | _Refused | str:
     """The relayed answer, a 503 to retry elsewhere, or why the replica failed before its
-    first byte; _ClientGone if the client left first (the replica's connection closed)."""
+    first byte; ClientGone if the client left first (the replica's connection closed)."""
     client = state.http()
     label = replica.url
     predicted = prediction.hits[replica.index] if prediction.hits else None
@@ -159,7 +159,7 @@ async def _send(
         content=raw,
     )
     try:
-        upstream, chunks, first = await _unless_gone(request, _open(client, upstream_request))
+        upstream, chunks, first = await unless_gone(request, _open(client, upstream_request))
     except BaseException as exc:
         replica.running -= 1
         if isinstance(exc, httpx.TransportError):
@@ -204,8 +204,8 @@ async def _open(
         raise
 
 
-async def _unless_gone(request: Request, work: Awaitable[T]) -> T:
-    """`work`, cancelled (closing what it opened) with _ClientGone if the client leaves first."""
+async def unless_gone(request: Request, work: Awaitable[T]) -> T:
+    """`work`, cancelled (closing what it opened) with ClientGone if the client leaves first."""
     task = asyncio.ensure_future(work)
     gone = asyncio.ensure_future(_disconnected(request))
     try:
@@ -218,7 +218,7 @@ async def _unless_gone(request: Request, work: Awaitable[T]) -> T:
         gone.cancel()
     if not task.cancelled():
         return task.result()
-    raise _ClientGone
+    raise ClientGone
 
 
 async def _disconnected(request: Request) -> None:

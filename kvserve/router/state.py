@@ -1,28 +1,40 @@
 """What the router's handlers share: the replicas, the policy, the event follower, the client.
 
 Owned by the event loop: the replicas' counters, `draining` and `in_flight`
-change only on it, so they need no lock. The tokenizer runs on one worker
-thread of its own (a tokenizer is not made for concurrent calls), the
-prefix index on the follower's thread.
+change only on it, so they need no lock. The tokenizer runs on worker threads
+of its own, each with its own copy (a tokenizer is not made for concurrent
+calls): one for bodies up to SHORT_BODY_BYTES, one for larger ones, which takes
+one at a time (a larger body arriving while it is busy is routed without a
+prediction). So a long prompt, even one in the replicas' limits, never keeps
+the short ones waiting. The prefix index is on the follower's thread.
 """
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+import copy
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
+from kvserve.request_limits import PromptLimits
 from kvserve.router.follower import EventFollower
 from kvserve.router.limits import MAX_REQUEST_BYTES
 from kvserve.router.metrics import RouterMetrics
 from kvserve.router.replicas import Replica
 from kvserve.routing import Policy
 
+SHORT_BODY_BYTES = 64 * 1024
+"""Bodies up to this size are tokenized on the shared thread; larger ones on their own."""
+
 
 def _tokenizer_thread() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(1, thread_name_prefix="kvserve-router-tokenizer")
+
+
+def _long_thread() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(1, thread_name_prefix="kvserve-router-long-tokenizer")
 
 
 @dataclass(slots=True)
@@ -40,10 +52,28 @@ class RouterState:
     """A larger request body is a 413, refused before it is read whole."""
     client: httpx.AsyncClient | None = None
     """Opened when the app starts (its connections belong to the event loop)."""
+    limits: PromptLimits | None = None
+    """The replicas' limits on prompts (the loosest of their /kv-metadata's `limits`)."""
     tokenizer_thread: ThreadPoolExecutor = field(default_factory=_tokenizer_thread)
+    long_thread: ThreadPoolExecutor = field(default_factory=_long_thread)
+    long_tokenizer: Any = None
+    """The long bodies' copy of the tokenizer (made when the state is)."""
+    long_work: Future[Any] | None = None
+    """The long body being tokenized (a new one waits for nobody: none while it runs)."""
     draining: bool = False
     in_flight: int = 0
     """Requests being answered (the drain waits for 0)."""
+
+    def __post_init__(self) -> None:
+        if self.long_tokenizer is None and self.tokenizer is not None:
+            self.long_tokenizer = copy.deepcopy(self.tokenizer)
+
+    def long_lane_free(self) -> bool:
+        return self.long_work is None or self.long_work.done()
+
+    def close_threads(self) -> None:
+        self.tokenizer_thread.shutdown(wait=False, cancel_futures=True)
+        self.long_thread.shutdown(wait=False, cancel_futures=True)
 
     def http(self) -> httpx.AsyncClient:
         if self.client is None:

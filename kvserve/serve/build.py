@@ -71,9 +71,11 @@ def build_served_engine(
         log_requests=args.log_requests,
         kv_metadata=kv_metadata_body(llm.engine, llm.model.path, name, args.pooling),
         limits=limits,
-        responses=ResponseStore(args.responses_store_size),
+        responses=ResponseStore(args.responses_store_size, args.responses_store_mb),
         tool_call_parser=args.tool_call_parser,
         pooling=args.pooling,
         reasoning_parser=args.reasoning_parser,
     )
+    assert state.kv_metadata is not None
+    state.kv_metadata["limits"] = state.tokens.prompt_limits(state.max_n).as_dict()
     return ServedEngine(llm, engine, state)

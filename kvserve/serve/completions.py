@@ -28,11 +28,12 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from kvserve import request_limits
 from kvserve.outputs import RequestOutput
 from kvserve.sampling_params import SamplingParams
 from kvserve.serve import fields, protocol, structured, tools
 from kvserve.serve.engine_thread import RequestRefused, ServerStopping, Submission
-from kvserve.serve.errors import APIError, error_body
+from kvserve.serve.errors import APIError, error_body, refusal
 from kvserve.serve.grammar_limits import check_grammar, check_tools
 from kvserve.serve.reasoning import ChatReasoning, chat_reasoning
 from kvserve.serve.responses import Job, Part
@@ -139,9 +140,10 @@ async def start_chat(
 
 def _check_ids(state: ServerState, ids: list[int]) -> None:
     """A token-id prompt: in the vocabulary, and shorter than max_model_len."""
-    limit = state.max_model_len
-    if limit is not None and len(ids) >= limit:
-        raise APIError(f"the prompt is {len(ids)} tokens; max_model_len is {limit}", param="prompt")
+    try:
+        request_limits.check_token_prompt(len(ids), state.max_model_len, "prompt")
+    except request_limits.LimitError as exc:
+        raise refusal(exc) from None
     state.tokens.check_ids(ids, "prompt", state.vocab_size)
 
 

@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from kvserve.graceful_server import LogEvery
+from kvserve.request_limits import LimitError
 
 log = logging.getLogger("kvserve.serve")
 MAX_MESSAGE = 1000
@@ -50,6 +51,11 @@ class APIError(Exception):
         self.param = param
         self.code = code
         self.headers = headers
+
+
+def refusal(exc: LimitError) -> APIError:
+    """A shared limit's refusal (kvserve.request_limits) as the 400 it is."""
+    return APIError(exc.message, param=exc.param)
 
 
 def error_body(

@@ -5,7 +5,8 @@ refusal is a 400 naming the field, in OpenAI's words, and so that the checks
 are the engine's own: `SamplingParams` validates values and its ValueError
 names the field, which becomes the error's `param`. The JSON itself is read by
 msgspec (fast; it refuses lone surrogates and integers past its range), at most
-MAX_JSON_DEPTH containers deep; flags are JSON booleans, nothing else.
+MAX_JSON_DEPTH containers deep (kvserve.request_limits: the limits the router checks
+too); flags are JSON booleans, nothing else.
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
-
-from kvserve import chat_template, prompt_fields
+from kvserve import chat_template, prompt_fields, request_limits
 from kvserve.chat_template import openai_messages
+from kvserve.request_limits import MAX_BATCH_PROMPTS as MAX_BATCH_PROMPTS
+from kvserve.request_limits import MAX_JSON_DEPTH as MAX_JSON_DEPTH
+from kvserve.request_limits import LimitError
 from kvserve.sampling_params import RequestOutputKind, SamplingParams
 from kvserve.serve import structured
-from kvserve.serve.errors import APIError
+from kvserve.serve.errors import APIError, refusal
 
 # Fields accepted and passed on to SamplingParams (OpenAI's name -> ours).
 _SAMPLING = {
@@ -76,8 +78,6 @@ DETOKENIZE_FIELDS = frozenset({"model", "tokens"})
 DEFAULT_MAX_TOKENS = 16
 """Completions without max_tokens (OpenAI's default there). Chat without it: the rest of
 the context (max_model_len minus the prompt), as vLLM and OpenAI answer."""
-MAX_BATCH_PROMPTS = 256
-MAX_JSON_DEPTH = 32
 
 
 @dataclass(slots=True, frozen=True)
@@ -99,33 +99,9 @@ class ResponseOptions:
 def parse_json(raw: bytes) -> dict[str, Any]:
     """The body as a JSON object, or a 400 that says why not."""
     try:
-        body = msgspec.json.decode(raw)
-    except (msgspec.DecodeError, RecursionError) as exc:
-        if isinstance(exc, RecursionError) or "recursion" in str(exc).lower():
-            raise APIError(f"the request body nests deeper than {MAX_JSON_DEPTH}") from None
-        raise APIError(f"the request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise APIError("the request body must be a JSON object")
-    if _deeper_than(body, MAX_JSON_DEPTH, raw):
-        raise APIError(f"the request body nests deeper than {MAX_JSON_DEPTH}")
-    return body
-
-
-def _deeper_than(value: Any, limit: int, raw: bytes) -> bool:
-    """More than `limit` nested arrays and objects (cheap unless the body has that many)."""
-    if raw.count(b"[") + raw.count(b"{") <= limit:
-        return False
-    level = [value]
-    for _ in range(limit):
-        level = [
-            child
-            for container in level
-            for child in (container.values() if isinstance(container, dict) else container)
-            if isinstance(child, dict | list)
-        ]
-        if not level:
-            return False
-    return True
+        return request_limits.decode_body(raw)
+    except LimitError as exc:
+        raise refusal(exc) from None
 
 
 def check_fields(body: dict[str, Any], allowed: frozenset[str]) -> None:
@@ -147,9 +123,10 @@ def sampling_params(
     user = body.get("user")
     if user is not None and not isinstance(user, str):
         raise APIError("user must be a string", param="user")
-    n = body.get("n")
-    if max_n is not None and isinstance(n, int) and not isinstance(n, bool) and n > max_n:
-        raise APIError(f"n must be <= {max_n} (--max-n), got {n}"[:200], param="n")
+    try:
+        request_limits.check_n(body.get("n"), max_n)
+    except LimitError as exc:
+        raise refusal(exc) from None
     kwargs: dict[str, Any] = {"max_tokens": default_max_tokens}
     for name, ours in _SAMPLING.items():
         if name in body and body[name] is not None:
@@ -256,8 +233,10 @@ def completion_prompts(body: dict[str, Any]) -> list[str | list[int]]:
         prompts = prompt_fields.completion_prompts(body.get("prompt"))
     except ValueError as exc:
         raise APIError(str(exc), param="prompt") from None
-    if len(prompts) > MAX_BATCH_PROMPTS:
-        raise APIError(f"at most {MAX_BATCH_PROMPTS} prompts per request", param="prompt")
+    try:
+        request_limits.check_batch(len(prompts), "prompt")
+    except LimitError as exc:
+        raise refusal(exc) from None
     return prompts
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvserve.request_limits import LimitError, check_json_depth
 from kvserve.sampling_params import CONSTRAINTS, StructuredOutputsParams
 from kvserve.serve.errors import APIError
 
@@ -59,6 +60,12 @@ def structured_outputs(body: dict[str, Any]) -> tuple[StructuredOutputsParams, s
             f"one structured-output constraint per request; got {names}", param=found[1][0]
         )
     name, kwargs = found[0]
+    for text in (kwargs.get("json"), kwargs.get("structural_tag")):
+        if isinstance(text, str):  # JSON in a string: read as the body is, at most 32 deep
+            try:
+                check_json_depth(text, name)
+            except LimitError as exc:
+                raise APIError(exc.message, param=name) from None
     try:
         return StructuredOutputsParams(**kwargs), name
     except (ValueError, TypeError) as exc:

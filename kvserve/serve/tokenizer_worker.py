@@ -9,7 +9,8 @@ tokenizer (the engine thread only decodes, which changes no tokenizer state).
 Before any work, a prompt string is checked against the longest prompt that
 could fit: `max_model_len` tokens of at most `chars_per_token` characters each
 (twice the checkpoint's longest token, at least 32); a longer one is refused
-without being tokenized.
+without being tokenized (kvserve.request_limits: the router checks the same, with
+the `limits` this replica's /kv-metadata reports).
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from kvserve.serve.errors import APIError
+from kvserve.request_limits import MIN_CHARS_PER_TOKEN, LimitError, PromptLimits, check_prompt_chars
+from kvserve.request_limits import max_prompt_chars as longest_prompt
+from kvserve.serve.errors import APIError, refusal
 
 T = TypeVar("T")
-MIN_CHARS_PER_TOKEN = 32
 
 
 class TokenizerWorker:
@@ -42,19 +44,18 @@ class TokenizerWorker:
     @property
     def max_prompt_chars(self) -> int | None:
         """The longest prompt string that could fit in max_model_len tokens (None: any)."""
-        if self.max_model_len is None:
-            return None
-        return self.max_model_len * self.chars_per_token
+        return longest_prompt(self.max_model_len, self.chars_per_token)
+
+    def prompt_limits(self, max_n: int | None) -> PromptLimits:
+        """What /kv-metadata reports, so a router refuses what this replica would."""
+        return PromptLimits(self.max_model_len, self.chars_per_token, max_n)
 
     def check_length(self, num_chars: int, param: str) -> None:
         """A 400 for text longer than any prompt that fits, before it is tokenized."""
-        limit = self.max_prompt_chars
-        if limit is not None and num_chars > limit:
-            raise APIError(
-                f"the prompt is {num_chars} characters, longer than any prompt of "
-                f"max_model_len ({self.max_model_len}) tokens can be (at most {limit})",
-                param=param,
-            )
+        try:
+            check_prompt_chars(num_chars, self.max_model_len, self.chars_per_token, param)
+        except LimitError as exc:
+            raise refusal(exc) from None
 
     def checked_tokenizer(self) -> Any:
         if self.tokenizer is None:

@@ -104,7 +104,7 @@ class ToolParser:
             return None
         try:
             value = json.loads(raw.text)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # nested past Python's stack: text
             return None
         if not isinstance(value, dict) or not isinstance(value.get("name"), str):
             return None

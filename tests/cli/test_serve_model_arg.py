@@ -34,3 +34,9 @@ def test_two_different_models_are_refused_before_loading(capsys):
 def test_a_negative_responses_store_size_is_refused_before_loading(capsys):
     assert main(["serve", "--responses-store-size", "-1"]) == 2
     assert "--responses-store-size must be >= 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["-1", "nan"])
+def test_a_negative_responses_store_mb_is_refused_before_loading(capsys, value):
+    assert main(["serve", "--responses-store-mb", value]) == 2
+    assert "--responses-store-mb must be >= 0" in capsys.readouterr().err

@@ -1,5 +1,5 @@
 """The stored responses' bound: the least recently used goes first, a read refreshes one,
-and size 0 keeps none (`--responses-store-size`)."""
+and size 0 keeps none (`--responses-store-size`); bytes bound it too (`--responses-store-mb`)."""
 
 from __future__ import annotations
 
@@ -29,3 +29,17 @@ def test_size_zero_keeps_none_and_a_negative_size_is_refused():
     assert store.get("a") is None and len(store) == 0
     with pytest.raises(ValueError, match="store size"):
         ResponseStore(-1)
+
+
+def test_bytes_bound_the_store_and_are_given_back():
+    big = StoredResponse({"id": "x", "metadata": {"m": "v" * 4000}}, [])
+    store = ResponseStore(100, max_mb=10_000 / 2**20)  # 10 kB: two such responses
+    for name in "abc":
+        store.put(name, StoredResponse(dict(big.body, id=name), []))
+        assert store.bytes <= store.max_bytes
+    assert store.get("a") is None and len(store) == 2
+    assert store.delete("b") and store.bytes == store.get("c").size
+    store.put("huge", StoredResponse({"id": "huge", "text": "h" * 20_000}, []))
+    assert store.get("huge") is None and store.get("c") is not None  # heavier than the bound
+    with pytest.raises(ValueError, match="megabytes"):
+        ResponseStore(1, max_mb=-1)

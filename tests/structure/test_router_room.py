@@ -17,6 +17,7 @@ ALLOWED = (
     "kvserve.chat_template",
     "kvserve.model.checkpoint.tokenizer",
     "kvserve.prompt_fields",
+    "kvserve.request_limits",
     "kvserve.graceful_server",
     "kvserve.version",
 )

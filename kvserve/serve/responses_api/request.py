@@ -54,6 +54,11 @@ REFUSED: dict[str, Unsupported] = {
     "stream_options": Unsupported("stream options", ({},)),
 }
 """Fields that would change the answer: a 400 naming them unless their value is neutral."""
+MAX_METADATA_PAIRS = 16
+MAX_METADATA_KEY = 64
+MAX_METADATA_VALUE = 512
+MAX_IDENTIFIER = 64
+"""`user`, `safety_identifier`, `prompt_cache_key`: characters at most (OpenAI's bound)."""
 PARAMS = {"max_tokens": "max_output_tokens", "messages": "input", "response_format": "text"}
 """Chat's name of a field -> the Responses API's, for an error the chat path raises."""
 
@@ -71,6 +76,7 @@ def translate(body: dict[str, Any], history: list[dict[str, Any]]) -> Translated
     """`history`: the conversation of `previous_response_id` (its instructions not
     included, as OpenAI does not carry them over)."""
     ignored = strict_fields(body, SERVED, IGNORED, REFUSED)
+    check_kept_fields(body)
     conversation = [*history, *input_messages(body.get("input"))]
     messages = list(conversation)
     instructions = body.get("instructions")
@@ -97,6 +103,41 @@ def translate(body: dict[str, Any], history: list[dict[str, Any]]) -> Translated
         chat["stream"] = True
         chat["stream_options"] = {"include_usage": True}
     return Translated(chat, conversation, ignored)
+
+
+def check_kept_fields(body: dict[str, Any]) -> None:
+    """OpenAI's bounds on what a stored response keeps as sent: `metadata` (16 pairs of
+    strings, keys up to 64 characters, values up to 512) and the identifiers (64). `tools`
+    are bounded as chat bounds them (the body's size), `input` by the prompt's."""
+    metadata = body.get("metadata")
+    if metadata is not None:
+        if not isinstance(metadata, dict):
+            raise APIError("metadata must be an object of strings", param="metadata")
+        if len(metadata) > MAX_METADATA_PAIRS:
+            raise APIError(
+                f"metadata has {len(metadata)} pairs; at most {MAX_METADATA_PAIRS}",
+                param="metadata",
+            )
+        for key, value in metadata.items():
+            if len(key) > MAX_METADATA_KEY:
+                raise APIError(
+                    f"metadata keys are at most {MAX_METADATA_KEY} characters, got {len(key)}",
+                    param="metadata",
+                )
+            if not isinstance(value, str) or len(value) > MAX_METADATA_VALUE:
+                raise APIError(
+                    f"metadata[{key!r}] must be a string of at most {MAX_METADATA_VALUE} "
+                    "characters",
+                    param="metadata",
+                )
+    for name in ("user", "safety_identifier", "prompt_cache_key"):
+        value = body.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, str) or len(value) > MAX_IDENTIFIER:
+            raise APIError(
+                f"{name} must be a string of at most {MAX_IDENTIFIER} characters", param=name
+            )
 
 
 def input_messages(items: Any) -> list[dict[str, Any]]:
