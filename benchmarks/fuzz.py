@@ -109,8 +109,13 @@ def main(argv: list[str] | None = None) -> int:
         bar = tqdm(total=int(args.minutes * 60), unit="s", desc="fuzzing", file=sys.stderr,
                    mininterval=5)  # fmt: skip
         t0 = time.monotonic()
+        shown = 0
 
         def progress(campaign) -> None:
+            nonlocal shown
+            for finding, small in campaign.findings[shown:]:  # as they come, shrunk
+                bar.write(f"{finding}\n  minimal workload: {json.dumps(small.to_json())}")
+            shown = len(campaign.findings)
             done = sum(c["workloads"] for c in campaign.counts.values())
             bar.set_postfix(workloads=done, findings=len(campaign.findings), refresh=False)
             bar.update(min(bar.total, int(time.monotonic() - t0)) - bar.n)
