@@ -106,6 +106,7 @@ class LLMEngine:
                 max_num_seqs=args.max_num_seqs,
                 max_num_batched_tokens=args.max_num_batched_tokens,
                 max_model_len=max_model_len,
+                scheduling_policy=args.scheduling_policy,
             ),
             stop_checker=self.stop_checker,
             connector=self.connector,
@@ -143,11 +144,16 @@ class LLMEngine:
         *,
         lora_name: str | None = None,
         cache_salt: str | None = None,
+        client_id: str | None = None,
+        priority: int = 0,
     ) -> None:
         """Queue a request; a bad one raises ValueError and leaves the engine as it was.
 
         With PoolingParams it is a pooling request: its prompt is prefilled, nothing is
-        sampled, and its output carries the embedding (kvserve.pooling_params)."""
+        sampled, and its output carries the embedding (kvserve.pooling_params).
+        `client_id`: the client request it is part of (default: itself), the unit the
+        scheduler admits round-robin; `priority`: lower is earlier (needs
+        scheduling_policy "priority")."""
         self._check_open()
         pooling = None
         if isinstance(params, PoolingParams):
@@ -183,6 +189,8 @@ class LLMEngine:
                 cache_salt=cache_salt,
                 parent_id=request_id,
                 index=index,
+                client_id=client_id or request_id,
+                priority=priority,
                 grammar=None if grammar is None else grammar(),
                 spec=None if drafter is None else drafter.state_for(child),
                 pooling=pooling,

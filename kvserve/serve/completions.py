@@ -31,6 +31,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from kvserve.outputs import RequestOutput
 from kvserve.sampling_params import SamplingParams
 from kvserve.serve import fields, protocol, structured, tools
+from kvserve.serve.admission import request_priority
 from kvserve.serve.engine_thread import RequestRefused, ServerStopping, Submission
 from kvserve.serve.errors import APIError, error_body
 from kvserve.serve.reasoning import ChatReasoning, chat_reasoning
@@ -48,6 +49,7 @@ async def completions(request: Request, state: ServerState) -> Any:
     state.check_model(body.get("model"))
     prompts = protocol.completion_prompts(body)
     params = protocol.sampling_params(body, chat=False, max_n=state.max_n)
+    request_priority(body, state.scheduling_policy)
     state.check_admission(len(prompts))
     tokens = state.tokens
     for prompt in prompts:  # every length checked before any is tokenized
@@ -102,6 +104,7 @@ async def chat_prompt(state: ServerState, body: dict[str, Any]) -> ChatPrompt:
     constraint = structured.structured_outputs(body)
     field_name = "response_format" if constraint is None else constraint[1]
     reasoning, params = chat_reasoning(state.reasoning_parser, kwargs, params, field_name)
+    request_priority(body, state.scheduling_policy)
     state.check_admission()
     offered = None if tool_request is None else tool_request.template_tools
     ids = await state.tokens.render(messages, kwargs, offered)
@@ -173,10 +176,12 @@ async def _start(
     )
     if state.log_requests:
         log.info("request %s: prompts=%r params=%r", job.request_id, prompts, params)
-    for i, ids in enumerate(prompt_ids):
+    priority = request_priority(body, state.scheduling_policy)
+    for i, ids in enumerate(prompt_ids):  # one client request: admitted round-robin with others
         engine_id = job.request_id if len(prompts) == 1 else f"{job.request_id}-{i}"
         job.parts[engine_id] = Part(index=i, prompt_tokens=len(ids))
-        state.engine.submit(Submission(engine_id, ids, params, cache_salt), job.outputs)
+        submission = Submission(engine_id, ids, params, cache_salt, job.request_id, priority)
+        state.engine.submit(submission, job.outputs)
     constraint = structured.structured_outputs(body)
     source = "tools" if tool_parser is not None else None
     await _first_outputs(job, state, source or (None if constraint is None else constraint[1]))

@@ -48,6 +48,10 @@ class Submission:
     prompt: str | list[int]
     params: SamplingParams | PoolingParams
     cache_salt: str | None = None
+    client_id: str | None = None
+    """The client request it is part of (a batch's prompts share one): the engine admits
+    round-robin between client requests. None: the request itself."""
+    priority: int = 0
 
 
 def freeze_heap() -> None:
@@ -202,6 +206,8 @@ class EngineThread:
                     request.prompt,
                     request.params,
                     cache_salt=request.cache_salt,
+                    client_id=request.client_id,
+                    priority=request.priority,
                 )
             except (ValueError, TypeError) as exc:
                 if observer is not None:

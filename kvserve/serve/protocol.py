@@ -50,6 +50,7 @@ _COMMON = {
     "stream_options",
     "user",
     "cache_salt",
+    "priority",
     *_SAMPLING,
     *structured.FIELDS,
 }
