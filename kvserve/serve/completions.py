@@ -7,10 +7,12 @@ up to the final text exactly), all onto one asyncio queue; the handler reads
 them and either joins them (one JSON answer) or sends each as a Server-Sent
 Event. The first output of every prompt is awaited before a stream starts, so
 a request the engine refuses is still a plain 400. A client that goes away
-aborts its request. A request the engine fails alone (its output carries the
-error) is a 500, or an error event in a stream already started. Choice
-`i * n + j` is prompt i's completion j (a batch of prompts, each with `n`
-completions). Response bodies are built in responses.py.
+aborts its request: while its prompts are tokenized or wait for their first
+step (admission.until_disconnected), while it is answered (`_watch`), or while
+it streams (the stream's generator is closed). A request the engine fails
+alone (its output carries the error) is a 500, or an error event in a stream
+already started. Choice `i * n + j` is prompt i's completion j (a batch of
+prompts, each with `n` completions). Response bodies are built in responses.py.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from kvserve.outputs import RequestOutput
 from kvserve.sampling_params import SamplingParams
 from kvserve.serve import fields, protocol, structured, tools
-from kvserve.serve.admission import request_priority
+from kvserve.serve.admission import request_priority, until_disconnected
 from kvserve.serve.engine_thread import RequestRefused, ServerStopping, Submission
 from kvserve.serve.errors import APIError, error_body
 from kvserve.serve.reasoning import ChatReasoning, chat_reasoning
@@ -57,15 +59,23 @@ async def completions(request: Request, state: ServerState) -> Any:
             tokens.check_length(len(prompt), "prompt")
         else:
             _check_ids(state, prompt)
-    ids = [p if isinstance(p, list) else await tokens.encode(p) for p in prompts]
-    job = await _start(state, body, params, prompts, ids, chat=False)
+
+    async def tokenized_start() -> Job:  # a client that leaves meanwhile cancels it
+        ids = [p if isinstance(p, list) else await tokens.encode(p) for p in prompts]
+        return await _start(state, body, params, prompts, ids, chat=False)
+
+    job = await until_disconnected(request, tokenized_start())
     return await _answer(request, state, job, fields.header(ignored))
 
 
 async def chat_completions(request: Request, state: ServerState) -> Any:
     body = protocol.parse_json(await request.body())
-    prompt = await chat_prompt(state, body)
-    job = await start_chat(state, body, prompt)
+
+    async def rendered_start() -> tuple[ChatPrompt, Job]:  # cancelled if the client leaves
+        prompt = await chat_prompt(state, body)
+        return prompt, await start_chat(state, body, prompt)
+
+    prompt, job = await until_disconnected(request, rendered_start())
     return await _answer(request, state, job, fields.header(prompt.ignored))
 
 
@@ -229,8 +239,7 @@ async def _first_outputs(job: Job, state: ServerState, constraint: str | None = 
             waiting.discard(item.request_id)
             job.early.append(item)
     except BaseException:
-        for engine_id in job.parts:
-            state.engine.abort(engine_id)
+        state.engine.abort_many(job.request_id, list(job.parts))
         raise
     finally:
         state.queued -= len(job.parts)
@@ -262,9 +271,9 @@ async def _watch(request: Request, job: Job, state: ServerState) -> None:
 
 
 def _abort(job: Job, state: ServerState) -> None:
-    for engine_id, part in job.parts.items():
-        if not part.finished:
-            state.engine.abort(engine_id)
+    unfinished = [engine_id for engine_id, part in job.parts.items() if not part.finished]
+    if unfinished:
+        state.engine.abort_many(job.request_id, unfinished)
 
 
 async def _outputs(job: Job) -> AsyncIterator[RequestOutput]:

@@ -187,9 +187,9 @@ async def _pool(state: ServerState, ids: list[list[int]], priority: int) -> list
             done[item.request_id] = item
     finally:
         state.queued -= len(order)
-        for engine_id in order:
-            if engine_id not in done:
-                state.engine.abort(engine_id)
+        unfinished = [engine_id for engine_id in order if engine_id not in done]
+        if unfinished:
+            state.engine.abort_many(base, unfinished)
     return [done[engine_id] for engine_id in order]
 
 

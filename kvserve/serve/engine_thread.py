@@ -134,6 +134,11 @@ class EngineThread:
         """Abort from the engine thread (between steps); a finished request is ignored."""
         self._commands.put(("abort", request_id))
 
+    def abort_many(self, name: str, request_ids: list[str]) -> None:
+        """Abort the engine requests of one client request (a batch's prompts or inputs)
+        in one command, logged as one line under `name`."""
+        self._commands.put(("abort_many", (name, request_ids)))
+
     def abort_all(self) -> None:
         """Abort every running request; each stream gets `ServerStopping` (shutdown)."""
         self._commands.put(("abort_all", None))
@@ -223,6 +228,14 @@ class EngineThread:
             if self._streams.pop(payload, None) is not None:
                 self._abort(payload)
                 log.info("request %s aborted (client disconnected)", payload)
+        elif kind == "abort_many":
+            name, request_ids = payload
+            gone = [rid for rid in request_ids if self._streams.pop(rid, None) is not None]
+            for request_id in gone:
+                self._abort(request_id)
+            if gone:
+                count = "" if len(request_ids) == 1 else f": {len(gone)} engine requests"
+                log.info("request %s aborted (client disconnected)%s", name, count)
         elif kind == "abort_all":
             for request_id, stream in list(self._streams.items()):
                 self._abort(request_id)
