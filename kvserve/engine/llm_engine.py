@@ -18,6 +18,7 @@ from kvserve.engine.engine_args import EngineArgs
 from kvserve.engine.engine_stats import EngineStats
 from kvserve.engine.grammar import EngineGrammars
 from kvserve.engine.logprobs import LogprobsRecorder
+from kvserve.engine.prompt_input import prompt_token_ids
 from kvserve.engine.request import Request, RequestStatus
 from kvserve.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, sampled_tokens
 from kvserve.engine.scheduler_output import accepted_drafts
@@ -152,8 +153,8 @@ class LLMEngine:
         With PoolingParams it is a pooling request: its prompt is prefilled, nothing is
         sampled, and its output carries the embedding (kvserve.pooling_params).
         `client_id`: the client request it is part of (default: itself), the unit the
-        scheduler admits round-robin; `priority`: lower is earlier (needs
-        scheduling_policy "priority")."""
+        scheduler admits round-robin; `priority`: lower is earlier (scheduling_policy
+        "priority" only)."""
         self._check_open()
         pooling = None
         if isinstance(params, PoolingParams):
@@ -168,7 +169,7 @@ class LLMEngine:
         max_seqs = self.scheduler.config.max_num_seqs
         if params.n > max_seqs:
             raise ValueError(f"n must be <= max_num_seqs ({max_seqs}), got {params.n}")
-        prompt_text, token_ids = self._tokenize(prompt)
+        prompt_text, token_ids = prompt_token_ids(self.tokenizer, prompt)
         bad = [t for t in token_ids if not (0 <= t < self._vocab_size)]
         if bad:
             raise ValueError(f"token ids {bad[:5]} outside the vocabulary [0, {self._vocab_size})")
@@ -210,22 +211,6 @@ class LLMEngine:
             request_id, prompt_text, token_ids, sequences, params.output_kind, [0] * params.n
         )
         self.stats.prompt_tokens += len(token_ids) * params.n
-
-    def _tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError("this checkpoint has no tokenizer: pass token ids")
-            token_ids = list(self.tokenizer.encode(prompt))
-            if not token_ids:
-                raise ValueError("the prompt is empty after tokenization")
-            return prompt, token_ids
-        if isinstance(prompt, list | tuple) and all(
-            isinstance(t, int) and not isinstance(t, bool) for t in prompt
-        ):
-            if not prompt:
-                raise ValueError("the prompt is empty")
-            return None, list(prompt)
-        raise TypeError("a prompt is a string or a list of token ids")
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request between steps; its blocks are freed (and stay findable)."""
