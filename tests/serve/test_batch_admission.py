@@ -114,7 +114,7 @@ def test_priority_is_an_integer_and_needs_the_priority_policy(server, path):
 # -- fairness and leaving early, on a server with a small step budget --------------------
 
 
-def _behind_a_batch(busy: Server, path: str, body: dict[str, Any]) -> None:
+def _behind_a_batch(busy: Server, path: str, body: dict[str, Any]) -> dict[str, Any]:
     """Send `body` to `path`; once the engine queues it, a chat: the chat answers (its text
     as alone) while the batch still runs, and the batch then answers in full."""
     alone = chat_text(busy)
@@ -137,16 +137,29 @@ def _behind_a_batch(busy: Server, path: str, body: dict[str, Any]) -> None:
     resp, batch_done = done["batch"]
     assert resp.status_code == 200, resp.text
     assert chat_done < batch_done  # admitted between the batch's requests, not after them
-    assert len(resp.json().get("data") or resp.json()["choices"]) == 256
+    answer = resp.json()
+    assert len(answer.get("data") or answer["choices"]) == 256
+    return answer
 
 
 def test_a_chat_behind_a_256_input_embeddings_batch_answers_first(busy):
-    _behind_a_batch(busy, "/v1/embeddings", {"input": inputs("fair")})
+    texts = inputs("fair")
+    answer = _behind_a_batch(busy, "/v1/embeddings", {"input": texts})
+    for i in (0, 255):  # interleaved with the chat, each input's vector is its own alone
+        body = {"input": texts[i], "encoding_format": "float"}
+        one = httpx.post(f"{busy.url}/v1/embeddings", json=body, timeout=30).json()
+        got = answer["data"][i]["embedding"]
+        assert got == pytest.approx(one["data"][0]["embedding"], abs=1e-5)
 
 
 def test_a_chat_behind_a_256_prompt_completions_batch_answers_first(busy):
     prompts = [f"prompt {i}: please go on and on" for i in range(256)]
-    _behind_a_batch(busy, "/v1/completions", {"prompt": prompts, "max_tokens": 8})
+    body = {"prompt": prompts, "max_tokens": 8, "temperature": 0}
+    answer = _behind_a_batch(busy, "/v1/completions", body)
+    for i in (0, 255):  # each prompt's text is its own alone
+        one = {"prompt": prompts[i], "max_tokens": 8, "temperature": 0}
+        alone = httpx.post(f"{busy.url}/v1/completions", json=one, timeout=30).json()
+        assert answer["choices"][i]["text"] == alone["choices"][0]["text"]
 
 
 def test_a_chat_behind_n_completions_answers_first(busy):
@@ -192,10 +205,6 @@ LONG_PROMPTS = [f"leave {i}: " + "a long prompt to prefill " * 40 for i in range
 LEAVERS = {
     "embeddings": ("/v1/embeddings", {"input": LONG_PROMPTS}),
     "completions": ("/v1/completions", {"prompt": LONG_PROMPTS, "max_tokens": 4}),
-    "completions-stream": (
-        "/v1/completions",
-        {"prompt": LONG_PROMPTS, "max_tokens": 4, "stream": True},
-    ),
 }
 
 
