@@ -22,11 +22,11 @@ from typing import Any, TypeVar
 
 from fastapi import Request
 
+from kvserve.sampling_params import INT64_MAX, INT64_MIN
 from kvserve.serve.errors import APIError
 
 T = TypeVar("T")
 DISCONNECT_POLL_SECONDS = 0.5
-PRIORITY_RANGE = (-(2**63), 2**63 - 1)
 
 
 def request_priority(body: dict[str, Any], policy: str) -> int:
@@ -35,8 +35,7 @@ def request_priority(body: dict[str, Any], policy: str) -> int:
     value = body.get("priority")
     if value is None:
         return 0
-    low, high = PRIORITY_RANGE
-    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+    if not isinstance(value, int) or isinstance(value, bool) or not INT64_MIN <= value <= INT64_MAX:
         raise APIError("priority must be a signed 64-bit integer", param="priority")
     if value and policy != "priority":
         raise APIError(
