@@ -23,6 +23,7 @@ put back in front, `[0]` and `popleft` are the next request.
 
 from __future__ import annotations
 
+import bisect
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator
 
@@ -36,12 +37,16 @@ class WaitingQueue:
         self._front: deque[Request] = deque()
         self._levels: dict[int, OrderedDict[str, deque[Request]]] = {}
         """priority -> the rotation of client requests (client_id -> its waiting requests)."""
+        self._order: list[int] = []
+        """The priorities in `_levels`, lowest first."""
         self._members: set[Request] = set()
 
     # -- adding ------------------------------------------------------------------
 
     def append(self, request: Request) -> None:
         """Queue a new request behind its own client request's, in its client's turn."""
+        if request.priority not in self._levels:
+            bisect.insort(self._order, request.priority)
         rotation = self._levels.setdefault(request.priority, OrderedDict())
         rotation.setdefault(request.client_id, deque()).append(request)
         self._members.add(request)
@@ -66,7 +71,7 @@ class WaitingQueue:
             return self._front[0]
         if not self._levels:
             raise IndexError("the waiting queue is empty")
-        rotation = self._levels[min(self._levels)]
+        rotation = self._levels[self._order[0]]
         return next(iter(rotation.values()))[0]
 
     def popleft(self) -> Request:
@@ -76,16 +81,13 @@ class WaitingQueue:
         else:
             if not self._levels:
                 raise IndexError("the waiting queue is empty")
-            level = min(self._levels)
-            rotation = self._levels[level]
+            rotation = self._levels[self._order[0]]
             client, queue = next(iter(rotation.items()))
             request = queue.popleft()
             if queue:
                 rotation.move_to_end(client)
             else:
-                del rotation[client]
-                if not rotation:
-                    del self._levels[level]
+                self._drop(request.priority, client)
         self._members.discard(request)
         return request
 
@@ -97,13 +99,18 @@ class WaitingQueue:
         if request in self._front:
             self._front.remove(request)
             return
-        rotation = self._levels[request.priority]
-        queue = rotation[request.client_id]
+        queue = self._levels[request.priority][request.client_id]
         queue.remove(request)
         if not queue:
-            del rotation[request.client_id]
-            if not rotation:
-                del self._levels[request.priority]
+            self._drop(request.priority, request.client_id)
+
+    def _drop(self, priority: int, client: str) -> None:
+        """Forget a client request with nothing left waiting (and its level, if empty)."""
+        rotation = self._levels[priority]
+        del rotation[client]
+        if not rotation:
+            del self._levels[priority]
+            self._order.remove(priority)
 
     # -- reading -----------------------------------------------------------------
 
@@ -119,7 +126,7 @@ class WaitingQueue:
     def __iter__(self) -> Iterator[Request]:
         """Every waiting request, in the order `popleft` would return them now."""
         yield from self._front
-        for level in sorted(self._levels):
+        for level in self._order:
             queues = [deque(q) for q in self._levels[level].values()]
             while queues:
                 for queue in queues:
