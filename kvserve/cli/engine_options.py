@@ -14,7 +14,7 @@ from collections.abc import Collection
 from typing import Any
 
 from kvserve.cli.common import parse_bytes, positive
-from kvserve.engine.engine_args import ATTENTION_BACKENDS, EngineArgs
+from kvserve.engine.engine_args import ATTENTION_BACKENDS, SCHEDULING_POLICIES, EngineArgs
 from kvserve.kvcache.hashing import HASH_FUNCTIONS
 
 _SPECIAL: dict[str, dict[str, Any]] = {
@@ -36,6 +36,7 @@ _SPECIAL: dict[str, dict[str, Any]] = {
     "dtype": {"choices": ("auto", "float32", "bfloat16", "float16")},
     "quantization": {"choices": ("none", "int8", "int4", "gguf")},
     "attention_backend": {"choices": ATTENTION_BACKENDS},
+    "scheduling_policy": {"choices": SCHEDULING_POLICIES},
     # `generate --seed` is the per-request sampling seed (SamplingParams.seed).
     "seed": {"flags": ("--engine-seed",), "dest": "engine_seed"},
     "hash_fn": {"flags": ("--hash", "--hash-fn"), "choices": sorted(HASH_FUNCTIONS)},

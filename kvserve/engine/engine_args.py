@@ -9,6 +9,8 @@ from typing import Any
 ATTENTION_BACKENDS = ("plain", "flex", "triton")
 """kvserve.model.attention.step_metadata.METADATA_BUILDERS has one builder for each
 (torch-free here)."""
+SCHEDULING_POLICIES = ("fcfs", "priority")
+"""vLLM's `--scheduling-policy` values (kvserve.engine.waiting_queue: what each does)."""
 
 
 def _help(text: str) -> dict[str, str]:
@@ -46,6 +48,12 @@ class EngineArgs:
     max_num_batched_tokens: int = field(
         default=8192, metadata=_help("token budget per step (prompts beyond it are chunked)")
     )
+    scheduling_policy: str = field(
+        default="fcfs",
+        metadata=_help("fcfs: requests admitted in arrival order, round-robin between client "
+                       "requests (a batch's inputs alternate with single requests); priority: "
+                       "the lowest request `priority` first, then the same (vLLM's)"),
+    )  # fmt: skip
     max_model_len: int | None = field(
         default=None,
         metadata=_help("max prompt + output tokens (default: the model's max_position_embeddings)"),
@@ -142,6 +150,11 @@ class EngineArgs:
             raise ValueError(
                 f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}, "
                 f"got {self.attention_backend!r}"
+            )
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(
+                f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, "
+                f"got {self.scheduling_policy!r}"
             )
         utilization = self.gpu_memory_utilization
         if isinstance(utilization, bool) or not isinstance(utilization, int | float):

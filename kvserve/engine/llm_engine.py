@@ -18,6 +18,7 @@ from kvserve.engine.engine_args import EngineArgs
 from kvserve.engine.engine_stats import EngineStats
 from kvserve.engine.grammar import EngineGrammars
 from kvserve.engine.logprobs import LogprobsRecorder
+from kvserve.engine.prompt_input import prompt_token_ids
 from kvserve.engine.request import Request, RequestStatus
 from kvserve.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, sampled_tokens
 from kvserve.engine.scheduler_output import accepted_drafts
@@ -106,6 +107,7 @@ class LLMEngine:
                 max_num_seqs=args.max_num_seqs,
                 max_num_batched_tokens=args.max_num_batched_tokens,
                 max_model_len=max_model_len,
+                scheduling_policy=args.scheduling_policy,
             ),
             stop_checker=self.stop_checker,
             connector=self.connector,
@@ -143,11 +145,16 @@ class LLMEngine:
         *,
         lora_name: str | None = None,
         cache_salt: str | None = None,
+        client_id: str | None = None,
+        priority: int = 0,
     ) -> None:
         """Queue a request; a bad one raises ValueError and leaves the engine as it was.
 
         With PoolingParams it is a pooling request: its prompt is prefilled, nothing is
-        sampled, and its output carries the embedding (kvserve.pooling_params)."""
+        sampled, and its output carries the embedding (kvserve.pooling_params).
+        `client_id`: the client request it is part of (default: itself), the unit the
+        scheduler admits round-robin; `priority`: lower is earlier (scheduling_policy
+        "priority" only)."""
         self._check_open()
         pooling = None
         if isinstance(params, PoolingParams):
@@ -162,7 +169,7 @@ class LLMEngine:
         max_seqs = self.scheduler.config.max_num_seqs
         if params.n > max_seqs:
             raise ValueError(f"n must be <= max_num_seqs ({max_seqs}), got {params.n}")
-        prompt_text, token_ids = self._tokenize(prompt)
+        prompt_text, token_ids = prompt_token_ids(self.tokenizer, prompt)
         bad = [t for t in token_ids if not (0 <= t < self._vocab_size)]
         if bad:
             raise ValueError(f"token ids {bad[:5]} outside the vocabulary [0, {self._vocab_size})")
@@ -183,6 +190,8 @@ class LLMEngine:
                 cache_salt=cache_salt,
                 parent_id=request_id,
                 index=index,
+                client_id=client_id or request_id,
+                priority=priority,
                 grammar=None if grammar is None else grammar(),
                 spec=None if drafter is None else drafter.state_for(child),
                 pooling=pooling,
@@ -203,22 +212,6 @@ class LLMEngine:
             request_id, prompt_text, token_ids, sequences, params.output_kind, [0] * params.n
         )
         self.stats.prompt_tokens += len(token_ids) * params.n
-
-    def _tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError("this checkpoint has no tokenizer: pass token ids")
-            token_ids = list(self.tokenizer.encode(prompt))
-            if not token_ids:
-                raise ValueError("the prompt is empty after tokenization")
-            return prompt, token_ids
-        if isinstance(prompt, list | tuple) and all(
-            isinstance(t, int) and not isinstance(t, bool) for t in prompt
-        ):
-            if not prompt:
-                raise ValueError("the prompt is empty")
-            return None, list(prompt)
-        raise TypeError("a prompt is a string or a list of token ids")
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request between steps; its blocks are freed (and stay findable)."""

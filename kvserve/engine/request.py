@@ -48,6 +48,11 @@ class Request:
     cache_salt: str | None = None
     parent_id: str = ""
     index: int = 0
+    client_id: str = ""
+    """The client request it belongs to (a batch of prompts or inputs is one): admission
+    is round-robin between client requests (waiting_queue.py); default its parent_id."""
+    priority: int = 0
+    """vLLM's request priority: lower is admitted earlier (`--scheduling-policy priority`)."""
     num_prompt_tokens: int = 0
     arrival_step: int = 0
     status: RequestStatus = RequestStatus.WAITING
@@ -83,6 +88,8 @@ class Request:
             self.logprobs = []
         if not self.parent_id:
             self.parent_id = self.request_id
+        if not self.client_id:
+            self.client_id = self.parent_id
 
     @property
     def max_tokens(self) -> int:

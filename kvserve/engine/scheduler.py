@@ -2,24 +2,27 @@
 
 Each step: running requests first (decodes and further prefill chunks, in
 admission order), preempting the most recently admitted when blocks run out;
-then waiting requests in arrival order while the token budget, `max_num_seqs`
-and the pool allow. A prompt longer than the remaining budget is chunked, so a
-step can mix prefill chunks and decodes (as vLLM v1 does).
+then waiting requests while the token budget, `max_num_seqs` and the pool
+allow, in the waiting queue's order (waiting_queue.py: preempted first, then by
+priority, round-robin between client requests). A prompt longer than the
+remaining budget is chunked, so a step can mix prefill chunks and decodes (as
+vLLM v1 does).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from kvserve.engine.drafter import Drafter
+from kvserve.engine.engine_args import SCHEDULING_POLICIES
 from kvserve.engine.request import Request, RequestStatus
 from kvserve.engine.scheduler_output import ScheduledChunk, SchedulerOutput, sampled_tokens
 from kvserve.engine.stop import StopChecker
+from kvserve.engine.waiting_queue import WaitingQueue
 from kvserve.kvcache.manager import KVCacheManager
 
 log = logging.getLogger("kvserve.engine")
@@ -31,8 +34,15 @@ class SchedulerConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     max_model_len: int | None = None
+    scheduling_policy: str = "fcfs"
+    """vLLM's: fcfs (every request's priority is 0) or priority (lower is earlier)."""
 
     def __post_init__(self) -> None:
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(
+                f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, "
+                f"got {self.scheduling_policy!r}"
+            )
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < 1:
@@ -66,7 +76,7 @@ class SchedulerStats:
 
 
 class Scheduler:
-    """FCFS continuous batching; owns request state, asks the manager for blocks."""
+    """Continuous batching; owns request state, asks the manager for blocks."""
 
     def __init__(
         self,
@@ -84,7 +94,7 @@ class Scheduler:
         self.connector = connector
         self.config = config or SchedulerConfig()
         self.stop_checker = stop_checker or StopChecker(None, set())
-        self.waiting: deque[Request] = deque()
+        self.waiting = WaitingQueue()
         self.running: list[Request] = []
         self.stats = SchedulerStats()
         self._prefill_end: dict[str, int] = {}
@@ -97,6 +107,11 @@ class Scheduler:
         The message says why, not which request: the caller knows which it added,
         and names it the way its user does (LLM.generate: the prompt's index)."""
         reason = self._never_fits(request)
+        if request.priority and self.config.scheduling_policy != "priority":
+            reason = (
+                f"priority {request.priority} needs --scheduling-policy priority "
+                "(this engine schedules fcfs)"
+            )
         if reason:
             raise ValueError(reason)
         self.stop_checker.prepare(request)

@@ -7,10 +7,12 @@ up to the final text exactly), all onto one asyncio queue; the handler reads
 them and either joins them (one JSON answer) or sends each as a Server-Sent
 Event. The first output of every prompt is awaited before a stream starts, so
 a request the engine refuses is still a plain 400. A client that goes away
-aborts its request. A request the engine fails alone (its output carries the
-error) is a 500, or an error event in a stream already started. Choice
-`i * n + j` is prompt i's completion j (a batch of prompts, each with `n`
-completions). Response bodies are built in responses.py.
+aborts its request: while its prompts are tokenized or wait for their first
+step (admission.until_disconnected), while it is answered (`_watch`), or while
+it streams (the stream's generator is closed). A request the engine fails
+alone (its output carries the error) is a 500, or an error event in a stream
+already started. Choice `i * n + j` is prompt i's completion j (a batch of
+prompts, each with `n` completions). Response bodies are built in responses.py.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from kvserve import request_limits
 from kvserve.outputs import RequestOutput
 from kvserve.sampling_params import SamplingParams
 from kvserve.serve import fields, protocol, structured, tools
+from kvserve.serve.admission import request_priority, until_disconnected
 from kvserve.serve.engine_thread import RequestRefused, ServerStopping, Submission
 from kvserve.serve.errors import APIError, error_body, refusal
 from kvserve.serve.grammar_limits import check_grammar, check_tools
@@ -52,6 +55,7 @@ async def completions(request: Request, state: ServerState) -> Any:
     params = protocol.sampling_params(body, chat=False, max_n=state.max_n)
     constraint = structured.structured_outputs(body)
     check_grammar(params, None if constraint is None else constraint[1], state.limits)
+    request_priority(body, state.scheduling_policy)
     state.check_admission(len(prompts))
     tokens = state.tokens
     for prompt in prompts:  # every length checked before any is tokenized
@@ -59,15 +63,23 @@ async def completions(request: Request, state: ServerState) -> Any:
             tokens.check_length(len(prompt), "prompt")
         else:
             _check_ids(state, prompt)
-    ids = [p if isinstance(p, list) else await tokens.encode(p) for p in prompts]
-    job = await _start(state, body, params, prompts, ids, chat=False, request=request)
+
+    async def tokenized_start() -> Job:  # a client that leaves meanwhile cancels it
+        ids = [p if isinstance(p, list) else await tokens.encode(p) for p in prompts]
+        return await _start(state, body, params, prompts, ids, chat=False, request=request)
+
+    job = await until_disconnected(request, tokenized_start())
     return await _answer(request, state, job, fields.header(ignored))
 
 
 async def chat_completions(request: Request, state: ServerState) -> Any:
     body = protocol.parse_json(await request.body())
-    prompt = await chat_prompt(state, body)
-    job = await start_chat(state, body, prompt, request)
+
+    async def rendered_start() -> tuple[ChatPrompt, Job]:  # cancelled if the client leaves
+        prompt = await chat_prompt(state, body)
+        return prompt, await start_chat(state, body, prompt, request)
+
+    prompt, job = await until_disconnected(request, rendered_start())
     return await _answer(request, state, job, fields.header(prompt.ignored))
 
 
@@ -109,6 +121,7 @@ async def chat_prompt(state: ServerState, body: dict[str, Any]) -> ChatPrompt:
         ignored = [*ignored, "reasoning_effort"]  # passed on; this template has no use for it
         state.ignored_log.note(["reasoning_effort"])
     reasoning, params = chat_reasoning(state.reasoning_parser, kwargs, params, field_name)
+    request_priority(body, state.scheduling_policy)
     state.check_admission()
     offered = None if tool_request is None else tool_request.template_tools
     ids = await state.tokens.render(messages, kwargs, offered)
@@ -186,10 +199,12 @@ async def _start(
     )
     if state.log_requests:
         log.info("request %s: prompts=%r params=%r", job.request_id, prompts, params)
-    for i, ids in enumerate(prompt_ids):
+    priority = request_priority(body, state.scheduling_policy)
+    for i, ids in enumerate(prompt_ids):  # one client request: admitted round-robin with others
         engine_id = job.request_id if len(prompts) == 1 else f"{job.request_id}-{i}"
         job.parts[engine_id] = Part(index=i, prompt_tokens=len(ids))
-        state.engine.submit(Submission(engine_id, ids, params, cache_salt), job.outputs)
+        submission = Submission(engine_id, ids, params, cache_salt, job.request_id, priority)
+        state.engine.submit(submission, job.outputs)
     constraint = structured.structured_outputs(body)
     source = "tools" if tool_parser is not None else None
     job.constraint = source or (None if constraint is None else constraint[1])
@@ -244,8 +259,7 @@ async def _first_outputs(
             waiting.discard(item.request_id)
             job.early.append(item)
     except BaseException:
-        for engine_id in job.parts:
-            state.engine.abort(engine_id)
+        state.engine.abort_many(job.request_id, list(job.parts))
         raise
     finally:
         if watcher is not None:
@@ -288,9 +302,9 @@ async def _watch(request: Request, job: Job, state: ServerState) -> None:
 
 
 def _abort(job: Job, state: ServerState) -> None:
-    for engine_id, part in job.parts.items():
-        if not part.finished:
-            state.engine.abort(engine_id)
+    unfinished = [engine_id for engine_id, part in job.parts.items() if not part.finished]
+    if unfinished:
+        state.engine.abort_many(job.request_id, unfinished)
 
 
 async def _outputs(job: Job) -> AsyncIterator[RequestOutput]:

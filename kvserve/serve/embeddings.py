@@ -8,6 +8,13 @@ step and the prefix cache. `encoding_format` "float" gives lists of numbers,
 "base64" the float32 little-endian bytes (what the openai client asks for and
 decodes). `dimensions` is refused: no supported checkpoint was trained for
 shorter (Matryoshka) embeddings, so truncating them would be a wrong answer.
+
+Limits, all checked before any input is tokenized: at most MAX_BATCH_PROMPTS
+inputs (completions' batch limit), each string no longer than any prompt of
+`max_model_len` tokens can be, each token-id list shorter than `max_model_len`
+and in the vocabulary. The inputs are one client request to the scheduler
+(admitted round-robin with other clients' requests), and a client that leaves,
+before or during the answer, aborts every input still tokenizing or running.
 """
 
 from __future__ import annotations
@@ -25,12 +32,13 @@ from kvserve.outputs import RequestOutput
 from kvserve.pooling_params import PoolingParams
 from kvserve.prompt_fields import is_token_ids
 from kvserve.serve import fields, protocol
+from kvserve.serve.admission import request_priority, until_disconnected
 from kvserve.serve.engine_thread import RequestRefused, ServerStopping, Submission
 from kvserve.serve.errors import APIError
 from kvserve.serve.state import ServerState
 
 SERVED = frozenset(
-    {"model", "input", "encoding_format", "dimensions", "add_special_tokens", "user"}
+    {"model", "input", "encoding_format", "dimensions", "add_special_tokens", "priority", "user"}
 )
 REFUSED = {
     "truncate_prompt_tokens": "prompt truncation",
@@ -56,9 +64,10 @@ async def embeddings(request: Request, state: ServerState) -> Any:
     special = body.get("add_special_tokens", True)
     if not isinstance(special, bool):
         raise APIError("add_special_tokens must be true or false", param="add_special_tokens")
+    priority = request_priority(body, state.scheduling_policy)
+    _check_inputs(state, inputs)
     state.check_admission(len(inputs))
-    ids = await _token_ids(state, inputs, special)
-    outputs = await _pool(state, ids)
+    ids, outputs = await until_disconnected(request, _embed(state, inputs, special, priority))
     data = [
         {"object": "embedding", "index": i, "embedding": _encoded(out.embedding, encoding)}
         for i, out in enumerate(outputs)
@@ -78,6 +87,11 @@ def embedding_inputs(value: Any) -> list[str | list[int]]:
     lists; a 400 naming `input` (and the item) for anything else."""
     if isinstance(value, str) or is_token_ids(value):
         items = [value]
+    elif isinstance(value, list) and len(value) > protocol.MAX_BATCH_PROMPTS:
+        raise APIError(
+            f"input has {len(value)} items; at most {protocol.MAX_BATCH_PROMPTS} per request",
+            param="input",
+        )
     elif isinstance(value, list) and value and all(isinstance(v, str | list) for v in value):
         items = value
     else:
@@ -103,14 +117,34 @@ def _ignored(body: dict[str, Any], state: ServerState) -> list[str]:
     return ignored
 
 
+def _check_inputs(state: ServerState, inputs: list[str | list[int]]) -> None:
+    """Every input's length (and a token-id input's ids), before any is tokenized."""
+    tokens = state.tokens
+    limit = state.max_model_len
+    for i, item in enumerate(inputs):
+        where = "input" if len(inputs) == 1 else f"input[{i}]"
+        if isinstance(item, str):
+            tokens.check_length(len(item), "input")
+        elif limit is not None and len(item) >= limit:
+            message = f"{where} is {len(item)} tokens; max_model_len is {limit}"
+            raise APIError(message, param="input")
+        else:
+            tokens.check_ids(item, "input", state.vocab_size)
+
+
+async def _embed(
+    state: ServerState, inputs: list[str | list[int]], special: bool, priority: int
+) -> tuple[list[list[int]], list[RequestOutput]]:
+    """Tokenize, then pool: the work a client that leaves cancels (until_disconnected)."""
+    ids = await _token_ids(state, inputs, special)
+    return ids, await _pool(state, ids, priority)
+
+
 async def _token_ids(
     state: ServerState, inputs: list[str | list[int]], special: bool
 ) -> list[list[int]]:
-    """Every input's ids: lengths checked before any is tokenized, ids after."""
+    """Every input's ids (checked again once tokenized: a string's token count)."""
     tokens = state.tokens
-    for item in inputs:
-        if isinstance(item, str):
-            tokens.check_length(len(item), "input")
     ids = [i if isinstance(i, list) else await tokens.encode(i, special) for i in inputs]
     limit = state.max_model_len
     for i, prompt in enumerate(ids):
@@ -121,19 +155,20 @@ async def _token_ids(
             raise APIError(
                 f"{where} is {len(prompt)} tokens; max_model_len is {limit}", param="input"
             )
-        tokens.check_ids(prompt, "input", state.vocab_size)
     return ids
 
 
-async def _pool(state: ServerState, ids: list[list[int]]) -> list[RequestOutput]:
-    """One pooling request per input on the engine thread; their outputs in input order.
-    A refusal is a 400, an engine failure a 500; leaving early aborts what still runs."""
+async def _pool(state: ServerState, ids: list[list[int]], priority: int) -> list[RequestOutput]:
+    """One pooling request per input on the engine thread, all one client request to the
+    scheduler; their outputs in input order. A refusal is a 400, an engine failure a 500;
+    leaving early (this coroutine cancelled) aborts what still runs."""
     queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
     base = f"embd-{uuid.uuid4().hex}"
     params = PoolingParams(state.pooling)
     order = {f"{base}-{i}": i for i in range(len(ids))}
     for engine_id, i in order.items():
-        state.engine.submit(Submission(engine_id, ids[i], params), queue)
+        submission = Submission(engine_id, ids[i], params, client_id=base, priority=priority)
+        state.engine.submit(submission, queue)
     done: dict[str, RequestOutput] = {}
     state.queued += len(order)
     try:
@@ -152,9 +187,9 @@ async def _pool(state: ServerState, ids: list[list[int]]) -> list[RequestOutput]
             done[item.request_id] = item
     finally:
         state.queued -= len(order)
-        for engine_id in order:
-            if engine_id not in done:
-                state.engine.abort(engine_id)
+        unfinished = [engine_id for engine_id in order if engine_id not in done]
+        if unfinished:
+            state.engine.abort_many(base, unfinished)
     return [done[engine_id] for engine_id in order]
 
 

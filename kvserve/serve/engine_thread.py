@@ -48,6 +48,10 @@ class Submission:
     prompt: str | list[int]
     params: SamplingParams | PoolingParams
     cache_salt: str | None = None
+    client_id: str | None = None
+    """The client request it is part of (a batch's prompts share one): the engine admits
+    round-robin between client requests. None: the request itself."""
+    priority: int = 0
 
 
 def freeze_heap() -> None:
@@ -130,6 +134,11 @@ class EngineThread:
         """Abort from the engine thread (between steps); a finished request is ignored."""
         self._commands.put(("abort", request_id))
 
+    def abort_many(self, name: str, request_ids: list[str]) -> None:
+        """Abort the engine requests of one client request (a batch's prompts or inputs)
+        in one command, logged as one line under `name`."""
+        self._commands.put(("abort_many", (name, request_ids)))
+
     def abort_all(self) -> None:
         """Abort every running request; each stream gets `ServerStopping` (shutdown)."""
         self._commands.put(("abort_all", None))
@@ -202,6 +211,8 @@ class EngineThread:
                     request.prompt,
                     request.params,
                     cache_salt=request.cache_salt,
+                    client_id=request.client_id,
+                    priority=request.priority,
                 )
             except (ValueError, TypeError) as exc:
                 if observer is not None:
@@ -217,6 +228,14 @@ class EngineThread:
             if self._streams.pop(payload, None) is not None:
                 self._abort(payload)
                 log.info("request %s aborted (client disconnected)", payload)
+        elif kind == "abort_many":
+            name, request_ids = payload
+            gone = [rid for rid in request_ids if self._streams.pop(rid, None) is not None]
+            for request_id in gone:
+                self._abort(request_id)
+            if gone:
+                count = "" if len(request_ids) == 1 else f": {len(gone)} engine requests"
+                log.info("request %s aborted (client disconnected)%s", name, count)
         elif kind == "abort_all":
             for request_id, stream in list(self._streams.items()):
                 self._abort(request_id)

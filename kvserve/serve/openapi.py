@@ -12,11 +12,14 @@ from typing import Any
 
 from kvserve.chat_template import ROLES
 from kvserve.sampling_params import INT64_MAX, INT64_MIN, MAX_LOGIT_BIAS, MAX_LOGPROBS
+from kvserve.serve.protocol import MAX_BATCH_PROMPTS
 
 _INT64 = {"type": "integer", "minimum": INT64_MIN, "maximum": INT64_MAX}
 _TOKENS = {"type": "array", "items": {"type": "integer", "minimum": 0}}
 _STOP = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}
 _SCHEMA = {"type": "object"}
+_PRIORITY = {"type": "integer", "minimum": INT64_MIN, "maximum": INT64_MAX}
+BATCH = MAX_BATCH_PROMPTS
 _CHOICE = {"type": "array", "items": {"type": "string"}, "minItems": 1}
 _STRUCTURED: dict[str, Any] = {
     # One constraint per request (structured.py); the fuzz test sends them one by one.
@@ -103,14 +106,15 @@ _SAMPLING: dict[str, Any] = {
     },
     "user": {"type": "string"},
     "cache_salt": {"type": "string", "minLength": 1},
+    "priority": _PRIORITY,
     **_STRUCTURED,
 }
 _PROMPT = {
     "oneOf": [
         {"type": "string"},
-        {"type": "array", "items": {"type": "string"}, "minItems": 1},
+        {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": BATCH},
         {**_TOKENS, "minItems": 1},
-        {"type": "array", "items": {**_TOKENS, "minItems": 1}, "minItems": 1},
+        {"type": "array", "items": {**_TOKENS, "minItems": 1}, "minItems": 1, "maxItems": BATCH},
     ]
 }
 _FUNCTION_NAME = {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,64}$"}
@@ -188,6 +192,7 @@ BODIES: dict[str, dict[str, Any]] = {
             "encoding_format": {"enum": ["float", "base64"]},
             "dimensions": {"type": "integer"},
             "add_special_tokens": {"type": "boolean"},
+            "priority": _PRIORITY,
             "user": {"type": "string"},
         },
     },

@@ -52,6 +52,7 @@ _COMMON = {
     "stream_options",
     "user",
     "cache_salt",
+    "priority",
     *_SAMPLING,
     *structured.FIELDS,
 }

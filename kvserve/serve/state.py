@@ -82,6 +82,11 @@ class ServerState:
         return self.engine.engine.scheduler.config.max_num_seqs
 
     @property
+    def scheduling_policy(self) -> str:
+        """`--scheduling-policy`: fcfs or priority (what a request's `priority` may be)."""
+        return self.engine.engine.scheduler.config.scheduling_policy
+
+    @property
     def vocab_size(self) -> int:
         """The model's vocabulary: prompt token ids and logit_bias ids are below it."""
         return int(self.engine.engine.runner.vocab_size)

@@ -1,7 +1,8 @@
 """Random schedules through the real engine and runner; every completion equals transformers'.
 
 A rule-based state machine plays a busy server: it admits groups of identical
-requests (1 to 5 copies, some with `n` > 1) of lengths around block multiples
+requests (1 to 5 copies, some with `n` > 1, some one client request, as a
+server's batch is, admitted round-robin with the others) of lengths around block multiples
 (up to four blocks and one token), often of prompts seen before (cached, or
 fully cached at a block multiple), steps the engine, and aborts a request now
 and then. The pool is small enough to preempt. Every finished completion must
@@ -126,13 +127,15 @@ def run_machine(
             salt=st.integers(0, SALTS - 1),
             copies=st.integers(1, 5),
             completions=st.sampled_from([1, 1, 2, 3]),
+            batch=st.booleans(),
         )
-        def admit(self, length, salt, copies, completions):
+        def admit(self, length, salt, copies, completions, batch):
             p = prompt(length, salt)
             params = SamplingParams(temperature=0, max_tokens=new, ignore_eos=True, n=completions)
+            client = f"batch{next(ids)}" if batch else None  # the copies: one client request
             for _ in range(copies):
                 rid = f"r{next(ids)}"  # unique across examples, shrinking included
-                engine.add_request(rid, p, params)
+                engine.add_request(rid, p, params, client_id=client)
                 self.prompts[rid] = p
 
         @precondition(lambda self: bool(self.prompts))
