@@ -14,12 +14,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from kvserve.engine.drafter import Drafter
-from kvserve.engine.engine_args import SCHEDULING_POLICIES
 from kvserve.engine.request import Request, RequestStatus
+from kvserve.engine.scheduler_config import SchedulerConfig, SchedulerStats
 from kvserve.engine.scheduler_output import ScheduledChunk, SchedulerOutput, sampled_tokens
 from kvserve.engine.stop import StopChecker
 from kvserve.engine.waiting_queue import WaitingQueue
@@ -29,50 +28,9 @@ log = logging.getLogger("kvserve.engine")
 __all__ = ["ScheduledChunk", "Scheduler", "SchedulerConfig", "SchedulerOutput", "sampled_tokens"]
 
 
-@dataclass(slots=True)
-class SchedulerConfig:
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    max_model_len: int | None = None
-    scheduling_policy: str = "fcfs"
-    """vLLM's: fcfs (every request's priority is 0) or priority (lower is earlier)."""
-
-    def __post_init__(self) -> None:
-        if self.scheduling_policy not in SCHEDULING_POLICIES:
-            raise ValueError(
-                f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, "
-                f"got {self.scheduling_policy!r}"
-            )
-        if self.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
-        if self.max_num_batched_tokens < 1:
-            raise ValueError(
-                f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}"
-            )
-        if self.max_model_len is not None and self.max_model_len < 1:
-            raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
-
-
 def _fail(req: Request, why: str) -> tuple[RequestStatus, None]:
     req.error = why
     return RequestStatus.FINISHED_ERROR, None
-
-
-@dataclass(slots=True)
-class SchedulerStats:
-    prompt_tokens: int = 0
-    prefill_tokens_computed: int = 0
-    decode_tokens_computed: int = 0
-    prefix_hit_tokens: int = 0
-    external_hit_tokens: int = 0
-    """Prompt tokens loaded from the external tiers instead of computed."""
-    external_query_tokens: int = 0
-    """Prompt tokens looked up in the external tiers (those past the local hit)."""
-    preemptions: int = 0
-    rejected: int = 0
-    steps: int = 0
-    manager_seconds: float = 0.0
-    """Wall time inside KV cache manager calls (hashing, lookup, allocate, free)."""
 
 
 class Scheduler:
