@@ -42,6 +42,7 @@ COLUMNS = [
     ("prefix_hit_tokens", "hit tok"),
     ("external_hit_tokens", "tier tok"),
     ("spec_draft_tokens", "drafts"),
+    ("ties", "ties"),
 ]
 
 
