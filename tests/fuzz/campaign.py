@@ -1,6 +1,6 @@
 """A fuzzing campaign: random workloads over every architecture until the time is up.
 
-The CI test (test_fuzz.py) runs one for a minute, `benchmarks/fuzz.py` for an
+The CI test (test_differential_fuzz.py) runs one for a minute, `benchmarks/fuzz.py` for an
 hour by default; both start from a seed, so a campaign's workloads are the
 same sequence on every machine (a faster machine only gets further). Each
 finding is shrunk (shrink.py) and kept with its minimal workload.
