@@ -1,7 +1,8 @@
 """The differential fuzzer's long run: every request of a busy engine against itself alone.
 
 Run: .venv/bin/python benchmarks/fuzz.py [--minutes 60] [--seed 0] [--archs a,b]
-     .venv/bin/python benchmarks/fuzz.py --replay finding.json
+     .venv/bin/python benchmarks/fuzz.py --replay fuzz-findings.json
+     .venv/bin/python benchmarks/fuzz.py --replay tests/fuzz/shrunk/NAME.json
 
 Random workloads (tests/fuzz/workloads.py) over tiny checkpoints of every
 architecture kvserve runs (built by the test suite's own builders, in a
@@ -94,8 +95,9 @@ def main(argv: list[str] | None = None) -> int:
         root = args.checkpoints or Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
         if args.replay:
-            saved = json.loads(args.replay.read_text())
-            workloads = [Workload.from_json(f["workload"]) for f in saved]
+            saved = json.loads(args.replay.read_text())  # findings, or one shrunk workload
+            rows = saved if isinstance(saved, list) else [{"workload": saved}]
+            workloads = [Workload.from_json(f["workload"]) for f in rows]
             refs = References(fuzz_checkpoints(root, sorted({w.arch for w in workloads})))
             for w in workloads:
                 findings = run_workload(w, refs)

@@ -72,13 +72,28 @@ class ContentTracker:
         seen.update(prompt_blocks)
 
     def after_step(self, out: SchedulerOutput, tables_of: TablesOf) -> None:
-        """Record the full computed blocks each scheduled request now holds."""
+        """Record the full computed blocks each scheduled request now holds.
+
+        A request that finished in this step holds nothing any more: what it
+        computed is seen, and it is released before anyone else's blocks are
+        recorded. (Recorded after them, its window blocks released early in the
+        step, which its empty tables no longer show, still counted as held: a
+        request hitting less than them and computing that content again was
+        counted as a duplicate it never was.)
+        """
         bs = self.block_size
         seen = self._seen
         ratios = self.group_ratios
         num_groups = len(ratios)
         for chunk in out.chunks:
             req = chunk.request
+            if req.status.finished:
+                seen.update(self._content(req)[: req.num_computed_tokens // bs])
+                self.released(req)
+        for chunk in out.chunks:
+            req = chunk.request
+            if req.status.finished:
+                continue
             rid = req.request_id
             done = self._num_recorded.get(rid, 0)
             full = req.num_computed_tokens // bs
