@@ -20,6 +20,8 @@ from tests.serve.test_errors import error_of, still_serves
 
 CHAT = {"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 8, "temperature": 0}
 BUDGET = "64"  # tokens a step: a 256-input batch takes hundreds of steps
+SEATS = "16"  # --max-num-seqs: n = 64 completions hold every seat
+LONG = 300  # their max_tokens: a wave of them takes LONG steps
 
 
 def inputs(tag: str, words: int = 4) -> list[str]:
@@ -54,8 +56,13 @@ def rss_mib(server: Server) -> float:
 
 @pytest.fixture(scope="module")
 def busy(demo) -> Iterator[Server]:
-    """A server with a small step budget, so a full batch is long enough to wait behind."""
-    srv = start_server(demo, "--max-num-batched-tokens", BUDGET)
+    """A server with a small step budget and few seats, so a full batch is long enough to
+    wait behind."""
+    srv = start_server(
+        demo,
+        *("--max-num-batched-tokens", BUDGET, "--max-num-seqs", SEATS, "--max-n", "64"),
+        *("--num-kv-blocks", "2048"),  # SEATS sequences of LONG tokens fit: no preemption
+    )
     yield srv
     stop_server(srv)
 
@@ -162,24 +169,36 @@ def test_a_chat_behind_a_256_prompt_completions_batch_answers_first(busy):
         assert answer["choices"][i]["text"] == alone["choices"][0]["text"]
 
 
-def test_a_chat_behind_n_completions_answers_first(busy):
-    body = {"prompt": "go on", "n": 64, "max_tokens": 60, "ignore_eos": True, "seed": 1}
+def generated(server: Server) -> float:
+    return metric(scrape(server), "kvserve:generation_tokens_total")
+
+
+@pytest.mark.slow
+def test_a_chat_behind_n_completions_holding_every_seat_answers_within_a_few_steps(busy):
+    """n = 64 (--max-n) completions on SEATS seats hold every seat for LONG steps a wave;
+    a chat sent meanwhile takes a seat from them (kvserve/engine/seats.py) and answers,
+    with its text alone, while their first wave still has most of its tokens to go
+    (waiting for a free seat, it would start after SEATS * LONG of them)."""
+    body = {"prompt": "go on", "n": 64, "max_tokens": LONG, "ignore_eos": True, "seed": 1}
     alone = chat_text(busy)
+    start = generated(busy)
     done: dict[str, Any] = {}
 
     def many() -> None:
-        done["batch"] = httpx.post(f"{busy.url}/v1/completions", json=body, timeout=120)
-        done["at"] = time.monotonic()
+        done["batch"] = httpx.post(f"{busy.url}/v1/completions", json=body, timeout=300)
 
     thread = threading.Thread(target=many)
     thread.start()
     try:
-        wait_for(lambda: queue_has_work(busy))
+        wait_for(lambda: metric(scrape(busy), "kvserve:num_requests_running") >= int(SEATS))
         assert chat_text(busy) == alone
-        chat_done = time.monotonic()
+        by_then = generated(busy) - start
+        assert queue_has_work(busy)  # the n = 64 request still runs
     finally:
-        thread.join(120)
-    assert done["batch"].status_code == 200 and chat_done < done["at"]
+        thread.join(300)
+    assert done["batch"].status_code == 200, done["batch"].text
+    assert len(done["batch"].json()["choices"]) == 64
+    assert by_then < int(SEATS) * LONG // 2, by_then
 
 
 def finished(server: Server, reason: str) -> float:
