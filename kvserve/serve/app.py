@@ -23,6 +23,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from kvserve.serve import completions, embeddings, protocol, tools
 from kvserve.serve.errors import APIError, error_response, install_error_handlers
+from kvserve.serve.grammar_limits import check_tools
 from kvserve.serve.limits import BodyLimits
 from kvserve.serve.messages_api import routes as messages_api
 from kvserve.serve.messages_api.output import error_body as anthropic_error
@@ -125,6 +126,8 @@ def create_app(state: ServerState) -> FastAPI:
         protocol.check_fields(body, protocol.DETOKENIZE_FIELDS)
         state.check_model(body.get("model"))
         tokens = body.get("tokens")
+        if isinstance(tokens, list):
+            state.tokens.check_decode_length(len(tokens), "tokens")
         if not isinstance(tokens, list) or not all(
             isinstance(t, int) and not isinstance(t, bool) for t in tokens
         ):
@@ -173,6 +176,7 @@ async def _tokenize(request: Request, state: ServerState) -> dict[str, Any]:
     worker.checked_tokenizer()
     if "messages" in body:
         offered = tools.read_tools(body)
+        check_tools(offered, state.limits)  # as chat refuses them, before rendering
         template_tools = None if offered is None else offered.template_tools
         tokens = await worker.render(protocol.chat_messages(body), None, template_tools)
     else:
