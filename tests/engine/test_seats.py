@@ -1,9 +1,12 @@
 """Seat fairness (kvserve.engine.seats): a client request that holds every running seat gives
-one up to a single request queued after it within a few steps, and
-every completion's greedy tokens stay those of a run without it. The real manager and the
-model-free runner."""
+one up to a single request queued after it within a few steps, and every completion's greedy
+tokens stay those of a run without it (also as a property, with client requests arriving at
+random). The real manager and the model-free runner."""
 
 from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvserve.engine.request import Request, RequestStatus
 from kvserve.sampling_params import SamplingParams
@@ -79,3 +82,45 @@ def test_a_client_request_with_one_seat_keeps_it():
     sched.add_request(late)
     run_all(sched, runner)
     assert sched.stats.preemptions == 0 and late.status is RequestStatus.FINISHED_LENGTH
+
+
+def tokens_alone(prompt: list[int], max_tokens: int) -> list[int]:
+    sched, runner = make(budget=64, max_seqs=SEATS)
+    lone = Request("alone", list(prompt), SamplingParams(max_tokens=max_tokens))
+    sched.add_request(lone)
+    run_all(sched, runner)
+    return lone.output_token_ids
+
+
+ARRIVAL = st.tuples(
+    st.integers(0, 8),  # the step it arrives at
+    st.integers(1, 5),  # its sequences (one client request)
+    st.integers(1, 12),  # max_tokens
+    st.integers(0, 3),  # which prompt
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(ARRIVAL, min_size=1, max_size=8))
+def test_seats_taken_at_random_keep_every_requests_tokens(arrivals):
+    """Client requests of several sequences arriving at random steps on 4 seats: seats
+    are taken and given back, every sequence's greedy tokens are its own alone, and the
+    manager's invariants hold after every step (`step`)."""
+    sched, runner = make(num_blocks=256, budget=64, max_seqs=4)
+    added: list[tuple[Request, list[int]]] = []
+    for now in range(10_000):
+        for i, (at, count, max_tokens, which) in enumerate(arrivals):
+            if at == now:
+                prompt = [10 + which, 20 + which, 30, 40 + which, 50]
+                for j in range(count):
+                    seq = Request(f"c{i}-{j}", list(prompt), SamplingParams(max_tokens=max_tokens),
+                                  client_id=f"c{i}")  # fmt: skip
+                    sched.add_request(seq)
+                    added.append((seq, prompt))
+        if now > max(a[0] for a in arrivals) and not sched.has_unfinished_requests():
+            break
+        if sched.has_unfinished_requests():
+            step(sched, runner)
+    for seq, prompt in added:
+        assert seq.status is RequestStatus.FINISHED_LENGTH
+        assert seq.output_token_ids == tokens_alone(prompt, seq.max_tokens)
