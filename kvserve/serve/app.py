@@ -22,6 +22,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from kvserve.serve import completions, embeddings, protocol, tools
+from kvserve.serve.admission import until_disconnected
 from kvserve.serve.errors import APIError, error_response, install_error_handlers
 from kvserve.serve.grammar_limits import check_tools
 from kvserve.serve.limits import BodyLimits
@@ -118,7 +119,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> dict[str, Any]:
-        return await _tokenize(request, state)
+        return await until_disconnected(request, _tokenize(request, state))  # leaves: dropped
 
     @app.post("/detokenize")
     async def detokenize(request: Request) -> dict[str, Any]:
@@ -134,7 +135,7 @@ def create_app(state: ServerState) -> FastAPI:
             raise APIError("tokens must be a list of token ids", param="tokens")
         state.tokens.checked_tokenizer()
         state.tokens.check_ids(tokens, "tokens")
-        return {"prompt": await state.tokens.decode(tokens)}
+        return {"prompt": await until_disconnected(request, state.tokens.decode(tokens))}
 
     return app
 
