@@ -5,8 +5,9 @@ request that already holds every seat (`max_num_seqs`: `n` = 64 completions with
 `max_tokens`, a 256-prompt batch) would make a chat queued after it wait for its whole
 duration. So, before a step is scheduled, when every seat is taken and a waiting
 request belongs to a client request holding no seat (and the free blocks would hold
-its first chunk), the client request holding the most seats (more than one) gives one
-up: its most recently admitted sequence is preempted (its blocks stay cached, so its
+its first chunk), the client request holding the most seats (more than one; among
+those no more urgent than it under `--scheduling-policy priority`) gives one up: its
+most recently admitted sequence is preempted (its blocks stay cached, so its
 recompute mostly hits) and goes back into its own client's place in the rotation, not
 the front lane, which would readmit it first; the seatless request moves to the front
 lane. One seat a step: a few single requests behind a batch are each admitted within a
@@ -36,11 +37,17 @@ def seat_to_take(
     if not waiting or len(running) < max_num_seqs:
         return None  # a seat is free: the waiting are admitted in their turn
     seats = Counter(r.client_id for r in running)
-    holder, held = seats.most_common(1)[0]
-    if held < 2:
-        return None
+    if seats.most_common(1)[0][1] < 2:
+        return None  # every client request holds one seat: none has one to give
     seatless = waiting.first_without_seat(seats)
     if seatless is None or not has_blocks(seatless):
+        return None
+    # Only from a client request no more urgent than it (--scheduling-policy priority).
+    givers = Counter(r.client_id for r in running if r.priority >= seatless.priority)
+    if not givers:
+        return None
+    holder, held = givers.most_common(1)[0]
+    if held < 2:
         return None
     victim = next(r for r in reversed(running) if r.client_id == holder)
     return victim, seatless

@@ -8,7 +8,10 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvserve.engine.model_free_runner import ModelFreeRunner
 from kvserve.engine.request import Request, RequestStatus
+from kvserve.engine.scheduler import Scheduler, SchedulerConfig
+from kvserve.kvcache import KVCacheConfig, KVCacheManager
 from kvserve.sampling_params import SamplingParams
 from tests.engine.test_scheduler import make, run_all, step
 
@@ -124,3 +127,24 @@ def test_seats_taken_at_random_keep_every_requests_tokens(arrivals):
     for seq, prompt in added:
         assert seq.status is RequestStatus.FINISHED_LENGTH
         assert seq.output_token_ids == tokens_alone(prompt, seq.max_tokens)
+
+
+def test_a_less_urgent_request_takes_no_seat_under_the_priority_policy():
+    manager = KVCacheManager(KVCacheConfig(num_blocks=256, block_size=4))
+    config = SchedulerConfig(
+        max_num_seqs=2, max_num_batched_tokens=64, scheduling_policy="priority"
+    )
+    sched, runner = Scheduler(manager, config), ModelFreeRunner()
+    for i in range(2):
+        seq = Request(f"b{i}", [5, 6, 7, 8], SamplingParams(max_tokens=20), client_id="b")
+        sched.add_request(seq)
+    step(sched, runner)
+    late = Request("late", [9] * 5, SamplingParams(max_tokens=2), priority=1)
+    urgent = Request("urgent", [3] * 5, SamplingParams(max_tokens=2), priority=-1)
+    sched.add_request(late)
+    step(sched, runner)
+    assert sched.stats.preemptions == 0 and late.status is RequestStatus.WAITING
+    sched.add_request(urgent)  # more urgent than the batch: it takes a seat
+    step(sched, runner)
+    assert sched.stats.preemptions == 1 and urgent.status is RequestStatus.RUNNING
+    run_all(sched, runner)
