@@ -4,9 +4,10 @@ Each step: running requests first (decodes and further prefill chunks, in
 admission order), preempting the most recently admitted when blocks run out;
 then waiting requests while the token budget, `max_num_seqs` and the pool
 allow, in the waiting queue's order (waiting_queue.py: preempted first, then by
-priority, round-robin between client requests). A prompt longer than the
-remaining budget is chunked, so a step can mix prefill chunks and decodes (as
-vLLM v1 does).
+priority, round-robin between client requests). Before both, when every seat
+is taken, a client request holding none takes one from the biggest holder (seats.py).
+A prompt longer than the remaining budget is chunked, so a step can mix prefill
+chunks and decodes (as vLLM v1 does).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from kvserve.engine.drafter import Drafter
 from kvserve.engine.request import Request, RequestStatus
 from kvserve.engine.scheduler_config import SchedulerConfig, SchedulerStats
 from kvserve.engine.scheduler_output import ScheduledChunk, SchedulerOutput, sampled_tokens
+from kvserve.engine.seats import seat_to_take
 from kvserve.engine.stop import StopChecker
 from kvserve.engine.waiting_queue import WaitingQueue
 from kvserve.kvcache.manager import KVCacheManager
@@ -145,6 +147,7 @@ class Scheduler:
         manager = self.manager
         clock = time.perf_counter
         t0 = clock()
+        self._take_seat(out)
         running = self.running
         allocate = manager.allocate_slots
         spec = self.drafter
@@ -230,6 +233,22 @@ class Scheduler:
         self.stats.manager_seconds += clock() - t0
         return out
 
+    def _take_seat(self, out: SchedulerOutput) -> None:
+        """Seat fairness (seats.py): when every seat is taken, a waiting request of a client
+        request that holds none gets one from the client request holding the most."""
+        manager, budget = self.manager, self.config.max_num_batched_tokens
+
+        def has_blocks(req: Request) -> bool:
+            first_chunk = min(len(req.token_ids), budget)
+            return manager.num_free_blocks >= manager.blocks_for_tokens(first_chunk)
+
+        taken = seat_to_take(self.running, self.waiting, self.config.max_num_seqs, has_blocks)
+        if taken is not None:
+            victim, seatless = taken
+            self.running.remove(victim)
+            self._preempt(victim, out, requeue=True)
+            self.waiting.promote(seatless)
+
     def _stalled(self, req: Request, out: SchedulerOutput) -> None:
         """Liveness: `req` passed admission (it fits the pool) yet cannot be placed while
         nothing runs, so no block will ever come back for it. Waiting would spin for ever
@@ -263,14 +282,15 @@ class Scheduler:
         aligned = end - end % self.manager.block_size
         return aligned - computed if aligned > computed else budget
 
-    def _preempt(self, req: Request, out: SchedulerOutput) -> None:
-        """Free all blocks of `req` and queue it first; it recomputes (mostly hits) later."""
+    def _preempt(self, req: Request, out: SchedulerOutput, requeue: bool = False) -> None:
+        """Free all blocks of `req` and queue it first (`requeue`: first in its own client
+        request's turn); it recomputes (mostly hits) later."""
         self._free(req)
         req.status = RequestStatus.WAITING
         req.num_computed_tokens = 0
         req.num_preemptions += 1
         self.stats.preemptions += 1
-        self.waiting.appendleft(req)
+        (self.waiting.requeue if requeue else self.waiting.appendleft)(req)
         out.preempted.append(req)
 
     def _free(self, req: Request) -> None:

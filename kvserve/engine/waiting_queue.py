@@ -5,7 +5,8 @@ batch of completions prompts, a batch of embeddings inputs). Admitted in plain
 arrival order, a 256-input batch would make every request that arrives after
 it wait for all 256; here admission is fair by client request instead:
 
-1. Requests put back in front (preempted ones, and those a step deferred)
+1. Requests put back in front (preempted ones, those a step deferred, and one a
+   seat was taken for: seats.py)
    come first, as they always did: they already waited their turn.
 2. Then the lowest `priority` value (vLLM's convention: lower is earlier;
    under the default fcfs policy every request has priority 0).
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import bisect
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Container, Iterable, Iterator
 
 from kvserve.engine.request import Request
 
@@ -60,6 +61,20 @@ class WaitingQueue:
         """Put each back first, as deque.extendleft does (the last given ends first)."""
         for request in requests:
             self.appendleft(request)
+
+    def requeue(self, request: Request) -> None:
+        """Put `request` back first among its own client request's, in that client's place
+        in the rotation (a seat taken from it: the front lane would give the seat back)."""
+        if request.priority not in self._levels:
+            bisect.insort(self._order, request.priority)
+        rotation = self._levels.setdefault(request.priority, OrderedDict())
+        rotation.setdefault(request.client_id, deque()).appendleft(request)
+        self._members.add(request)
+
+    def promote(self, request: Request) -> None:
+        """Move a waiting request to the front lane (a seat was taken for it)."""
+        self.remove(request)
+        self.appendleft(request)
 
     # -- taking ------------------------------------------------------------------
 
@@ -114,6 +129,18 @@ class WaitingQueue:
 
     # -- reading -----------------------------------------------------------------
 
+    def first_without_seat(self, seated: Container[str]) -> Request | None:
+        """The first request, in `popleft` order, of a client request not in `seated` whose
+        grammar (if any) is ready; only the head of each client's queue is looked at."""
+        for request in self._front:
+            if request.client_id not in seated and _ready(request):
+                return request
+        for level in self._order:
+            for client, queue in self._levels[level].items():
+                if client not in seated and _ready(queue[0]):
+                    return queue[0]
+        return None
+
     def __contains__(self, request: object) -> bool:
         return request in self._members
 
@@ -132,3 +159,7 @@ class WaitingQueue:
                 for queue in queues:
                     yield queue.popleft()
                 queues = [q for q in queues if q]
+
+
+def _ready(request: Request) -> bool:
+    return request.grammar is None or request.grammar.ready

@@ -22,7 +22,9 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from kvserve.serve import completions, embeddings, protocol, tools
+from kvserve.serve.admission import until_disconnected
 from kvserve.serve.errors import APIError, error_response, install_error_handlers
+from kvserve.serve.grammar_limits import check_tools
 from kvserve.serve.limits import BodyLimits
 from kvserve.serve.messages_api import routes as messages_api
 from kvserve.serve.messages_api.output import error_body as anthropic_error
@@ -117,7 +119,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> dict[str, Any]:
-        return await _tokenize(request, state)
+        return await until_disconnected(request, _tokenize(request, state))  # leaves: dropped
 
     @app.post("/detokenize")
     async def detokenize(request: Request) -> dict[str, Any]:
@@ -125,13 +127,15 @@ def create_app(state: ServerState) -> FastAPI:
         protocol.check_fields(body, protocol.DETOKENIZE_FIELDS)
         state.check_model(body.get("model"))
         tokens = body.get("tokens")
+        if isinstance(tokens, list):
+            state.tokens.check_decode_length(len(tokens), "tokens")
         if not isinstance(tokens, list) or not all(
             isinstance(t, int) and not isinstance(t, bool) for t in tokens
         ):
             raise APIError("tokens must be a list of token ids", param="tokens")
         state.tokens.checked_tokenizer()
         state.tokens.check_ids(tokens, "tokens")
-        return {"prompt": await state.tokens.decode(tokens)}
+        return {"prompt": await until_disconnected(request, state.tokens.decode(tokens))}
 
     return app
 
@@ -173,6 +177,7 @@ async def _tokenize(request: Request, state: ServerState) -> dict[str, Any]:
     worker.checked_tokenizer()
     if "messages" in body:
         offered = tools.read_tools(body)
+        check_tools(offered, state.limits)  # as chat refuses them, before rendering
         template_tools = None if offered is None else offered.template_tools
         tokens = await worker.render(protocol.chat_messages(body), None, template_tools)
     else:

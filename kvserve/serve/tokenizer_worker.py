@@ -16,6 +16,7 @@ the `limits` this replica's /kv-metadata reports).
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -83,7 +84,10 @@ class TokenizerWorker:
         functions offered, which the template describes)."""
         from kvserve.chat_template import render
 
-        self.check_length(sum(len(m["content"]) for m in messages), "messages")
+        chars = sum(len(m["content"]) for m in messages)
+        self.check_length(chars, "messages")
+        if tools and self.template_reads("tools"):  # the template writes them into the prompt
+            self.check_length(chars + len(json.dumps(tools)), "tools")
         tokenizer = self.tokenizer
         try:
             ids = await self.run(
@@ -104,6 +108,13 @@ class TokenizerWorker:
     async def decode(self, ids: list[int]) -> str:
         tokenizer = self.checked_tokenizer()
         return await self.run(lambda: tokenizer.decode(ids))
+
+    def check_decode_length(self, count: int, param: str) -> None:
+        """At most max_model_len ids to decode (the longest sequence this server makes):
+        a 400 before the ids are read, so a body of millions of ids costs no decode."""
+        limit = self.max_model_len
+        if limit is not None and count > limit:
+            raise APIError(f"{param} has {count} ids; at most {limit} (max_model_len)", param=param)
 
     def check_ids(self, ids: list[int], param: str, vocab: int | None = None) -> None:
         """Token ids in [0, vocab) (default: the tokenizer's); a 400 naming the first not."""

@@ -155,3 +155,21 @@ def test_priority_needs_the_priority_policy():
         sched.add_request(r)
     out, _ = step(sched, runner)
     assert [c.request.request_id for c in out.chunks] == ["urgent"]
+
+
+def test_requeue_keeps_the_client_place_and_promote_moves_to_the_front():
+    queue = WaitingQueue()
+    queue.append(req("batch-1", "batch"))
+    queue.append(req("chat"))
+    taken = req("batch-0", "batch")
+    queue.requeue(taken)  # first of its own client's, in its client's place: not the front
+    assert [r.request_id for r in queue] == ["batch-0", "chat", "batch-1"]
+    alone = req("late", "late")
+    queue.requeue(alone)  # a client with nothing waiting joins the back of the rotation
+    assert [r.request_id for r in queue] == ["batch-0", "chat", "late", "batch-1"]
+    seated = {"batch"}
+    first = queue.first_without_seat(seated)
+    assert first is not None and first.request_id == "chat"
+    queue.promote(first)
+    assert drain(queue) == ["chat", "batch-0", "late", "batch-1"]
+    assert queue.first_without_seat(seated) is None

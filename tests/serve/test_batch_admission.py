@@ -20,6 +20,8 @@ from tests.serve.test_errors import error_of, still_serves
 
 CHAT = {"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 8, "temperature": 0}
 BUDGET = "64"  # tokens a step: a 256-input batch takes hundreds of steps
+SEATS = 64  # --max-num-seqs (and so --max-n): n = 64 completions hold every seat
+LONG = 200  # their max_tokens: they hold the seats for LONG steps
 
 
 def inputs(tag: str, words: int = 4) -> list[str]:
@@ -162,24 +164,42 @@ def test_a_chat_behind_a_256_prompt_completions_batch_answers_first(busy):
         assert answer["choices"][i]["text"] == alone["choices"][0]["text"]
 
 
-def test_a_chat_behind_n_completions_answers_first(busy):
-    body = {"prompt": "go on", "n": 64, "max_tokens": 60, "ignore_eos": True, "seed": 1}
-    alone = chat_text(busy)
+def generated(server: Server) -> float:
+    return metric(scrape(server), "kvserve:generation_tokens_total")
+
+
+@pytest.fixture(scope="module")
+def seated(demo) -> Iterator[Server]:
+    """SEATS seats, and KV blocks for SEATS sequences of LONG tokens (no preemption)."""
+    srv = start_server(demo, "--max-num-seqs", str(SEATS), "--num-kv-blocks", "4096")
+    yield srv
+    stop_server(srv)
+
+
+def test_a_chat_behind_n_completions_holding_every_seat_answers_within_a_few_steps(seated):
+    """n = 64 completions hold every seat (--max-num-seqs 64) for LONG steps; a chat sent
+    meanwhile takes a seat from them (kvserve/engine/seats.py) and answers, with its text
+    alone, while they still have most of their tokens to go (waiting for a free seat, it
+    would start after all SEATS * LONG of them)."""
+    body = {"prompt": "go on", "n": SEATS, "max_tokens": LONG, "ignore_eos": True, "seed": 1}
+    alone = chat_text(seated)
+    start = generated(seated)
     done: dict[str, Any] = {}
 
     def many() -> None:
-        done["batch"] = httpx.post(f"{busy.url}/v1/completions", json=body, timeout=120)
-        done["at"] = time.monotonic()
+        done["batch"] = httpx.post(f"{seated.url}/v1/completions", json=body, timeout=300)
 
     thread = threading.Thread(target=many)
     thread.start()
     try:
-        wait_for(lambda: queue_has_work(busy))
-        assert chat_text(busy) == alone
-        chat_done = time.monotonic()
+        wait_for(lambda: metric(scrape(seated), "kvserve:num_requests_running") >= SEATS)
+        assert chat_text(seated) == alone
+        by_then = generated(seated) - start
     finally:
-        thread.join(120)
-    assert done["batch"].status_code == 200 and chat_done < done["at"]
+        thread.join(300)
+    assert done["batch"].status_code == 200, done["batch"].text
+    assert len(done["batch"].json()["choices"]) == SEATS
+    assert by_then < SEATS * LONG // 2, by_then
 
 
 def finished(server: Server, reason: str) -> float:

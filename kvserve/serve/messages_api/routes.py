@@ -11,6 +11,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from kvserve.serve import completions, fields, protocol
+from kvserve.serve.admission import until_disconnected
 from kvserve.serve.chat_blocks import StreamReader, whole_answer
 from kvserve.serve.engine_thread import ServerStopping
 from kvserve.serve.errors import APIError
@@ -56,7 +57,7 @@ async def _create(request: Request, state: ServerState) -> Any:
 async def _count(request: Request, state: ServerState) -> dict[str, int]:
     body = protocol.parse_json(await request.body())
     chat, _ = translate(body, count_only=True)
-    prompt = await completions.chat_prompt(state, chat)
+    prompt = await until_disconnected(request, completions.chat_prompt(state, chat))
     return {"input_tokens": len(prompt.ids)}
 
 
