@@ -13,6 +13,7 @@ inside it (a tool call's `arguments`) alike: deeper nesting is refused without r
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,6 +136,11 @@ class PromptLimits:
     max_model_len: int | None
     chars_per_token: int = MIN_CHARS_PER_TOKEN
     max_n: int | None = None
+    max_tools: int | None = None
+    """--max-tools: tools in one chat request."""
+    tools_in_prompt: bool = False
+    """The chat template writes the offered tools into the prompt: their JSON counts
+    toward its length."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -144,6 +150,8 @@ class PromptLimits:
             "max_n": self.max_n,
             "max_batch_prompts": MAX_BATCH_PROMPTS,
             "max_json_depth": MAX_JSON_DEPTH,
+            "max_tools": self.max_tools,
+            "tools_in_prompt": self.tools_in_prompt,
         }
 
     @classmethod
@@ -151,7 +159,13 @@ class PromptLimits:
         """None when a replica reports none (an older one: the router checks only the body)."""
         if not isinstance(info, dict) or "chars_per_token" not in info:
             return None
-        return cls(info.get("max_model_len"), int(info["chars_per_token"]), info.get("max_n"))
+        return cls(
+            info.get("max_model_len"),
+            int(info["chars_per_token"]),
+            info.get("max_n"),
+            info.get("max_tools"),
+            bool(info.get("tools_in_prompt", False)),
+        )
 
     def check_prompts(self, prompt: Any, param: str) -> None:
         """A completions `prompt` or an embeddings `input` (a ValueError for a bad shape):
@@ -164,7 +178,24 @@ class PromptLimits:
             else:
                 check_token_prompt(len(p), self.max_model_len, param)
 
-    def check_messages(self, messages: list[dict[str, Any]]) -> None:
-        """Chat: the conversation's text, before the template renders it."""
+    def check_messages(
+        self, messages: list[dict[str, Any]], tools: list[Any] | None = None
+    ) -> None:
+        """Chat: the conversation's text, and the tools offered (how many; their JSON, when
+        the template writes them into the prompt), before the template renders them."""
         chars = sum(len(m["content"]) for m in messages)
         check_prompt_chars(chars, self.max_model_len, self.chars_per_token, "messages")
+        if not tools:
+            return
+        check_tools_count(len(tools), self.max_tools)
+        if self.tools_in_prompt:
+            chars += len(json.dumps(tools))
+            check_prompt_chars(chars, self.max_model_len, self.chars_per_token, "tools")
+
+
+def check_tools_count(count: int, max_tools: int | None) -> None:
+    """At most --max-tools tools in one request."""
+    if max_tools is not None and count > max_tools:
+        raise LimitError(
+            f"tools has {count} entries; at most {max_tools} (--max-tools)", param="tools"
+        )

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from fastapi import Request, Response
 
-from kvserve.chat_template import openai_messages
+from kvserve.chat_template import offered_tools, openai_messages
 from kvserve.prompt_fields import completion_prompts
 from kvserve.request_limits import PromptLimits, check_n
 from kvserve.router.errors import error
@@ -66,10 +66,13 @@ def loosest(limits: list[PromptLimits | None]) -> PromptLimits | None:
     known = [one for one in limits if one is not None]
     lengths = [one.max_model_len for one in known]
     ns = [one.max_n for one in known]
+    tools = [one.max_tools for one in known]
     return PromptLimits(
         None if None in lengths else max(n for n in lengths if n is not None),
         max(one.chars_per_token for one in known),
         None if None in ns else max(n for n in ns if n is not None),
+        None if None in tools else max(n for n in tools if n is not None),
+        all(one.tools_in_prompt for one in known),
     )
 
 
@@ -87,7 +90,7 @@ def check_request(
         except ValueError:
             return  # a shape the replica names
         check_n(body.get("n"), limits.max_n)
-        limits.check_messages(messages)
+        limits.check_messages(messages, offered_tools(body.get("tools"), body.get("tool_choice")))
         return
     param = "input" if endpoint == "embeddings" else "prompt"
     try:

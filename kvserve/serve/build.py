@@ -77,5 +77,6 @@ def build_served_engine(
         reasoning_parser=args.reasoning_parser,
     )
     assert state.kv_metadata is not None
-    state.kv_metadata["limits"] = state.tokens.prompt_limits(state.max_n).as_dict()
+    reported = state.tokens.prompt_limits(state.max_n, limits.max_tools)
+    state.kv_metadata["limits"] = reported.as_dict()
     return ServedEngine(llm, engine, state)

@@ -47,9 +47,15 @@ class TokenizerWorker:
         """The longest prompt string that could fit in max_model_len tokens (None: any)."""
         return longest_prompt(self.max_model_len, self.chars_per_token)
 
-    def prompt_limits(self, max_n: int | None) -> PromptLimits:
+    def prompt_limits(self, max_n: int | None, max_tools: int | None) -> PromptLimits:
         """What /kv-metadata reports, so a router refuses what this replica would."""
-        return PromptLimits(self.max_model_len, self.chars_per_token, max_n)
+        return PromptLimits(
+            self.max_model_len,
+            self.chars_per_token,
+            max_n,
+            max_tools,
+            self.template_reads("tools"),
+        )
 
     def check_length(self, num_chars: int, param: str) -> None:
         """A 400 for text longer than any prompt that fits, before it is tokenized."""

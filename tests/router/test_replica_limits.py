@@ -17,10 +17,19 @@ import time
 import httpx
 import pytest
 
-from tests.router.conftest import router_value, start_replicas, start_router, stop_all, wait_for
+from tests.router.conftest import (
+    router_total,
+    router_value,
+    start_replicas,
+    start_router,
+    stop_all,
+    wait_for,
+)
 from tests.serve.conftest import scrape
 
 ALONE = {"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}
+MESSAGES = [{"role": "user", "content": "hi"}]
+TOOLS = [{"type": "function", "function": {"name": f"f{i}"}} for i in range(129)]
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +64,7 @@ def test_the_replica_reports_its_limits(pair):
     assert limits["max_prompt_chars"] == limits["max_model_len"] * limits["chars_per_token"]
     assert limits["max_batch_prompts"] == 256 and limits["max_json_depth"] == 32
     assert limits["max_n"] >= 1
+    assert limits["max_tools"] == 128 and limits["tools_in_prompt"] is False  # demo template
 
 
 def test_a_15_mb_prompt_is_refused_unread_while_others_answer(pair):
@@ -92,13 +102,16 @@ def test_a_15_mb_prompt_is_refused_unread_while_others_answer(pair):
         ("/v1/embeddings", b'{"input": "a"' + b"}" * 3),
         ("/v1/completions", b'{"prompt": "a", "n": 100000}'),
         ("/v1/completions", b'{"prompt": [' + b'"a",' * 300 + b'"a"]}'),
+        ("/v1/chat/completions", json.dumps({"messages": MESSAGES, "tools": TOOLS}).encode()),
     ],
-    ids=["deep", "deep-chat", "not-json", "n", "batch"],
+    ids=["deep", "deep-chat", "not-json", "n", "batch", "tools"],
 )
 def test_the_router_refuses_as_the_replica_does(pair, path, body):
     replica, router = pair
+    sent = router_total(router, "requests_total")
     error = same_refusal(replica, router, path, body)
     assert error["type"] == "invalid_request_error"
+    assert router_total(router, "requests_total") == sent, "refused after it was sent on"
 
 
 def test_embeddings_inputs_are_held_to_the_documented_batch_bound(pair):
