@@ -77,7 +77,7 @@ Figures: latency percentiles over all requests of all repeats; tokens/s the
 median over repeats. The client runs in this process and takes CPU time of
 its own (parsing every chunk): on a small machine leave it a core (the
 default `--threads 1` on two cores does). The Mooncake trace under
-/work/shared/data holds block hashes, not text, so it cannot feed a server;
+shared/data holds block hashes, not text, so it cannot feed a server;
 the prompts here are generated text.
 
 Ratios: TTFT p50 caching on ÷ off (target <= 0.3 on shared-prefix at
