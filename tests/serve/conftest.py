@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
+from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 import pytest
@@ -25,6 +27,19 @@ class Server:
     model: str
     """The checkpoint path, which is also the served name unless the test set one."""
     proc: subprocess.Popen
+    output: deque[str] = field(default_factory=lambda: deque(maxlen=OUTPUT_LINES))
+    """What it printed, read as it prints: a pipe nobody reads fills up (64 KiB) and then
+    blocks the server's next log line, so a long-lived server stopped answering."""
+    reader: threading.Thread | None = None
+
+
+OUTPUT_LINES = 50_000
+
+
+def _read_output(server: Server) -> None:
+    assert server.proc.stdout is not None
+    for line in server.proc.stdout:
+        server.output.append(line)
 
 
 @pytest.fixture(scope="session")
@@ -64,6 +79,8 @@ def start_command(
         text=True,
     )
     server = Server(f"http://127.0.0.1:{port}", model, proc)
+    server.reader = threading.Thread(target=_read_output, args=(server,), daemon=True)
+    server.reader.start()
     return wait_healthy(server) if wait else server
 
 
@@ -71,8 +88,7 @@ def wait_healthy(server: Server) -> Server:
     deadline = time.monotonic() + START_SECONDS
     while time.monotonic() < deadline:
         if server.proc.poll() is not None:
-            out = server.proc.stdout.read() if server.proc.stdout else ""
-            raise RuntimeError(f"kvserve {server.proc.args[3]} exited: {out}")
+            raise RuntimeError(f"kvserve {server.proc.args[3]} exited: {printed(server)}")
         try:
             if httpx.get(f"{server.url}/health", timeout=1).status_code == 200:
                 return server
@@ -87,11 +103,18 @@ def stop_server(server: Server) -> str:
     """Stop the process (terminate, then kill) and return what it printed."""
     server.proc.terminate()
     try:
-        out, _ = server.proc.communicate(timeout=20)
+        server.proc.wait(timeout=20)
     except subprocess.TimeoutExpired:
         server.proc.kill()
-        out, _ = server.proc.communicate(timeout=20)
-    return out or ""
+        server.proc.wait(timeout=20)
+    return printed(server)
+
+
+def printed(server: Server) -> str:
+    """Everything the server printed (once it exited: up to its last line)."""
+    if server.reader is not None and server.proc.poll() is not None:
+        server.reader.join(timeout=10)
+    return "".join(server.output)
 
 
 @pytest.fixture(scope="module")
