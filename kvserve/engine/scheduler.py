@@ -147,7 +147,8 @@ class Scheduler:
         manager = self.manager
         clock = time.perf_counter
         t0 = clock()
-        self._take_seat(out)
+        if self.waiting and len(self.running) >= self.config.max_num_seqs:
+            self._take_seat(out)  # every seat taken: a seatless client request may get one
         running = self.running
         allocate = manager.allocate_slots
         spec = self.drafter

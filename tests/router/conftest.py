@@ -92,3 +92,12 @@ def wait_for(check, timeout: float = 30.0, what: str = "condition") -> None:
 
 def get(url: str) -> httpx.Response:
     return httpx.get(url, timeout=10)
+
+
+@pytest.fixture(scope="module")
+def pair(demo):
+    """One replica and a router in front of it: (replica, router)."""
+    (replica,) = start_replicas(demo, 1)
+    router = start_router([replica])
+    yield replica, router
+    stop_all(router, replica)

@@ -20,9 +20,6 @@ import pytest
 from tests.router.conftest import (
     router_total,
     router_value,
-    start_replicas,
-    start_router,
-    stop_all,
     wait_for,
 )
 from tests.serve.conftest import scrape
@@ -30,14 +27,6 @@ from tests.serve.conftest import scrape
 ALONE = {"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}
 MESSAGES = [{"role": "user", "content": "hi"}]
 TOOLS = [{"type": "function", "function": {"name": f"f{i}"}} for i in range(129)]
-
-
-@pytest.fixture(scope="module")
-def pair(demo):
-    (replica,) = start_replicas(demo, 1)
-    router = start_router([replica])
-    yield replica, router
-    stop_all(router, replica)
 
 
 def rss_mb(pid: int) -> float:

@@ -9,20 +9,11 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.router.conftest import start_replicas, start_router, stop_all
 from tests.router.test_hostile import assert_openai_error
 
 
-@pytest.fixture(scope="module")
-def routed(demo):
-    (replica,) = start_replicas(demo, 1)
-    router = start_router([replica])
-    yield router, replica
-    stop_all(router, replica)
-
-
-def test_the_replicas_limits_hold_through_the_router(routed):
-    router, replica = routed
+def test_the_replicas_limits_hold_through_the_router(pair):
+    replica, router = pair
     longest = httpx.get(f"{replica.url}/kv-metadata", timeout=10).json()["limits"]
     ids = {"tokens": [1] * 10**6}
     error = assert_openai_error(httpx.post(f"{router.url}/detokenize", json=ids, timeout=60), 400)
@@ -48,12 +39,12 @@ def test_the_replicas_limits_hold_through_the_router(routed):
         ("POST", "/v1/messages/count_tokens"),
     ],
 )
-def test_routes_the_router_does_not_serve_are_openai_404s(routed, method, path):
-    router, _ = routed
+def test_routes_the_router_does_not_serve_are_openai_404s(pair, method, path):
+    _, router = pair
     assert_openai_error(httpx.request(method, f"{router.url}{path}", timeout=10), 404)
 
 
-def test_the_routers_get_routes_answer(routed):
-    router, _ = routed
+def test_the_routers_get_routes_answer(pair):
+    _, router = pair
     for path in ("/health", "/metrics", "/version"):
         assert httpx.get(f"{router.url}{path}?x={'y' * 2000}", timeout=10).status_code == 200
