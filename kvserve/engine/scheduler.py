@@ -1,11 +1,12 @@
 """Continuous batching over the KV cache manager, shared by `simulate` and the engine.
 
 Each step: running requests first (decodes and further prefill chunks, in
-admission order), preempting the most recently admitted when blocks run out;
-then waiting requests while the token budget, `max_num_seqs` and the pool
-allow, in the waiting queue's order (waiting_queue.py: preempted first, then by
-priority, round-robin between client requests). Before both, when every seat
-is taken, a client request holding none takes one from the biggest holder (seats.py).
+admission order, except that single requests go before the sequences of a
+batch: seats.serve_order), preempting from the end when blocks run out; then
+waiting requests while the token budget, `max_num_seqs` and the pool allow, in
+the waiting queue's order (waiting_queue.py: preempted first, then by priority,
+round-robin between client requests). Before both, a client request holding no
+seat that lacks a seat or blocks takes them from the biggest holder (seats.py).
 A prompt longer than the remaining budget is chunked, so a step can mix prefill
 chunks and decodes (as vLLM v1 does).
 """
@@ -21,7 +22,7 @@ from kvserve.engine.drafter import Drafter
 from kvserve.engine.request import Request, RequestStatus
 from kvserve.engine.scheduler_config import SchedulerConfig, SchedulerStats
 from kvserve.engine.scheduler_output import ScheduledChunk, SchedulerOutput, sampled_tokens
-from kvserve.engine.seats import seat_to_take
+from kvserve.engine.seats import fair_share_claim, serve_order
 from kvserve.engine.stop import StopChecker
 from kvserve.engine.waiting_queue import WaitingQueue
 from kvserve.kvcache.manager import KVCacheManager
@@ -58,6 +59,8 @@ class Scheduler:
         self.running: list[Request] = []
         self.stats = SchedulerStats()
         self._prefill_end: dict[str, int] = {}
+        self._admitted = False
+        """Whether the last step admitted a request (`serve_order` is due)."""
 
     # -- requests ---------------------------------------------------------------
 
@@ -147,9 +150,12 @@ class Scheduler:
         manager = self.manager
         clock = time.perf_counter
         t0 = clock()
-        if self.waiting and len(self.running) >= self.config.max_num_seqs:
-            self._take_seat(out)  # every seat taken: a seatless client request may get one
+        if self.waiting and len(self.running) > 1:
+            self._claim_fair_share(out)  # a seatless client request may get a seat and blocks
         running = self.running
+        if self._admitted:
+            serve_order(running)  # single requests before a batch's sequences
+            self._admitted = False
         allocate = manager.allocate_slots
         spec = self.drafter
         if spec is not None and len(running) > spec.config.max_batch_size:
@@ -228,27 +234,30 @@ class Scheduler:
             self._prefill_end[rid] = len(req.token_ids)
             self.stats.prefix_hit_tokens += local
             running.append(req)
+            self._admitted = True
             out.chunks.append(ScheduledChunk(req, computed, num_new))
             budget -= num_new
         waiting.extendleft(reversed(deferred))
         self.stats.manager_seconds += clock() - t0
         return out
 
-    def _take_seat(self, out: SchedulerOutput) -> None:
-        """Seat fairness (seats.py): when every seat is taken, a waiting request of a client
-        request that holds none gets one from the client request holding the most."""
-        manager, budget = self.manager, self.config.max_num_batched_tokens
-
-        def has_blocks(req: Request) -> bool:
-            first_chunk = min(len(req.token_ids), budget)
-            return manager.num_free_blocks >= manager.blocks_for_tokens(first_chunk)
-
-        taken = seat_to_take(self.running, self.waiting, self.config.max_num_seqs, has_blocks)
-        if taken is not None:
-            victim, seatless = taken
+    def _claim_fair_share(self, out: SchedulerOutput) -> None:
+        """Fair shares (seats.py): a waiting request of a client request that holds no seat,
+        short of a seat or of blocks, gets them from the client requests holding the most."""
+        config = self.config
+        claim = fair_share_claim(
+            self.running,
+            self.waiting,
+            config.max_num_seqs,
+            self.manager,
+            config.max_num_batched_tokens,
+        )
+        if claim is None:
+            return
+        for victim in claim.victims:
             self.running.remove(victim)
             self._preempt(victim, out, requeue=True)
-            self.waiting.promote(seatless)
+        self.waiting.promote(claim.seatless)
 
     def _stalled(self, req: Request, out: SchedulerOutput) -> None:
         """Liveness: `req` passed admission (it fits the pool) yet cannot be placed while

@@ -191,6 +191,17 @@ class KVCacheManager:
         """
         self.coordinator.free(self._seqs[request_id])
 
+    def num_releasable_blocks(self, request_id: str) -> int:
+        """Blocks that freeing the request now would return to the free pool: those no
+        other request holds (a shared prefix block stays in use). The scheduler's fair
+        shares weigh a preemption with it before making one."""
+        seq = self._seqs[request_id]
+        null = self.pool.null_block
+        held = [b for table in seq.kv_blocks for b in table if b is not null]
+        held += [copy for _, _, copy in seq.merges]
+        held += seq.transient
+        return len({b.block_id for b in held if b.ref_cnt == 1})
+
     def block_ids(self, request_id: str) -> list[list[int]]:
         """Block table per group as it stands now (0: the null block, never read)."""
         seq = self._seqs[request_id]

@@ -202,6 +202,50 @@ def test_a_chat_behind_n_completions_holding_every_seat_answers_within_a_few_ste
     assert by_then < SEATS * LONG // 2, by_then
 
 
+@pytest.fixture(scope="module")
+def small_pool(demo) -> Iterator[Server]:
+    """KV blocks for a few of POOL_SEATS sequences of LONG tokens: blocks, not seats, run
+    out (each grows to 51 blocks of 4 tokens; 8 of them would need 2.5 times the pool)."""
+    srv = start_server(demo, "--max-num-seqs", "64", "--num-kv-blocks", "160")
+    yield srv
+    stop_server(srv)
+
+
+POOL_SEATS = 8
+
+
+@pytest.mark.slow
+def test_a_chat_behind_n_completions_filling_the_kv_pool_answers_within_a_few_steps(small_pool):
+    """n = 8 completions of LONG tokens fill a 160-block pool (they preempt each other as they
+    grow); a chat sent once the pool is full takes its blocks from them (seats.py) and is
+    never the one preempted as they grow: it answers with its text alone while they still
+    have most of their tokens to go (waiting for free blocks, it would start only when one
+    of them finishes). Counted in their tokens generated while it runs, not in seconds."""
+    server = small_pool
+    body = {"prompt": "go on", "n": POOL_SEATS, "max_tokens": LONG, "ignore_eos": True,
+            "seed": 1}  # fmt: skip
+    alone = chat_text(server)
+    done: dict[str, Any] = {}
+
+    def many() -> None:
+        done["batch"] = httpx.post(f"{server.url}/v1/completions", json=body, timeout=300)
+
+    thread = threading.Thread(target=many)
+    thread.start()
+    try:  # the pool is full once they preempt each other
+        wait_for(lambda: metric(scrape(server), "kvserve:num_preemptions_total") > 0, 120)
+        sent = generated(server)
+        assert chat_text(server) == alone
+        meanwhile = generated(server) - sent
+    finally:
+        thread.join(300)
+    assert done["batch"].status_code == 200, done["batch"].text
+    assert len(done["batch"].json()["choices"]) == POOL_SEATS
+    # Waiting for blocks until one of them finishes, ~380 of their tokens pass (measured);
+    # taking blocks from them, ~100 (its prefill and 8 tokens, with 3-4 of them decoding).
+    assert meanwhile < 250, meanwhile
+
+
 def finished(server: Server, reason: str) -> float:
     return metric(scrape(server), "kvserve:request_success_total", finished_reason=reason)
 
