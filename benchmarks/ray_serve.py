@@ -283,7 +283,7 @@ def print_tables(
     cpus = os.cpu_count()
     print(
         f"# {time.strftime('%Y-%m-%d')}, {platform.machine()}, {cpus} cpus, load average "
-        f"{load_before[0]:.1f} before / {load_after[0]:.1f} after (a shared machine), "
+        f"{load_before[0]:.1f} before / {load_after[0]:.1f} after, "
         f"{args.replicas} replicas on {args.nodes} Ray nodes, {args.threads} thread(s) each, "
         f"{Path(args.model).name}; {args.chats} chats x {args.turns} turns (first message "
         f"~{args.first_tokens} tokens, then {args.turn_tokens}), {args.max_tokens} greedy "
