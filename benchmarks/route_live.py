@@ -5,7 +5,7 @@ this script on free loopback ports with KV events and a replay socket each
 (what `kvserve route`'s cache-aware policy reads; vllm-router reads none),
 and one router in front of them, straight to the replicas: the fields
 vllm-router adds to every body are ignored by `kvserve serve` (named in its
-log once, kvserve/serve/fields.py), so no proxy sits between them. The
+log once, kvserve/serve/request/fields.py), so no proxy sits between them. The
 client (serve_load.py) streams the same multi-turn chats through the router;
 the replicas' own /metrics say where the requests went.
 """
@@ -39,7 +39,7 @@ KVSERVE_POLICY = {KVSERVE_CA: "cache-aware", KVSERVE_RR: "round-robin"}
 STAGES = ("tokenize", "predict")
 """kvserve route's own histograms (`kvserve:router_<stage>_seconds`): what routing costs."""
 IGNORED_WARNING = "ignoring request field(s) kvserve does not know"
-"""How a replica logs the fields it ignored (kvserve/serve/fields.py)."""
+"""How a replica logs the fields it ignored (kvserve/serve/request/fields.py)."""
 VLLM_ROUTER_DIR = Path("/tmp/vllm-router-pkg")
 """Where the benchmark's README installs the vllm-router wheel (outside the project venv)."""
 

@@ -4,7 +4,7 @@ Run: .venv/bin/python benchmarks/stream_deltas.py [--deltas 512] [--chars 4] [--
 
 Each row streams one answer of `--deltas` engine outputs (`--chars` characters
 each) through the handler's own formatter, `Job.delta_chunk` and the SSE line
-(kvserve/serve/responses.py, completions.py), on the event loop's thread as the
+(kvserve/serve/generation/job.py, stream.py), on the event loop's thread as the
 server runs it, with no engine and no HTTP: completions, plain chat, chat with
 `--reasoning-parser qwen3` (the answer inside `<think>`), and chat with tools
 whose answer is one long call (hermes, llama3_json: its arguments stream as it
@@ -28,10 +28,10 @@ from collections.abc import Callable
 
 from kvserve.outputs import CompletionOutput, RequestOutput
 from kvserve.sampling_params import SamplingParams
-from kvserve.serve.completions import sse
-from kvserve.serve.protocol import ResponseOptions
-from kvserve.serve.reasoning import chat_reasoning
-from kvserve.serve.responses import Job, Part
+from kvserve.serve.generation.job import Job, Part
+from kvserve.serve.generation.stream import sse
+from kvserve.serve.request.protocol import ResponseOptions
+from kvserve.serve.request.reasoning import chat_reasoning
 from kvserve.tool_calls.registry import parser_named
 
 EIGHTHS = 8

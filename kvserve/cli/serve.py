@@ -18,12 +18,12 @@ from kvserve.cli.common import HelpFormatter, add_model_option, loopback_events,
 from kvserve.cli.engine_options import add_engine_options, engine_args_from
 from kvserve.pooling_params import POOLING_RULES
 from kvserve.reasoning.registry import REASONING_PARSERS
-from kvserve.serve.metrics import PREFIXES
+from kvserve.serve.http.metrics import PREFIXES
 from kvserve.serve.responses_api.store import RESPONSES_STORE_MB, RESPONSES_STORE_SIZE
 from kvserve.tool_calls.registry import PARSERS
 
 if TYPE_CHECKING:
-    from kvserve.serve.limits import ServeLimits
+    from kvserve.serve.http.limits import ServeLimits
 
 API_KEY_ENV = "KVSERVE_API_KEY"
 log = logging.getLogger("kvserve.serve")
@@ -129,7 +129,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def add_limit_options(g: argparse._ArgumentGroup) -> None:
-    from kvserve.serve.limits import ServeLimits
+    from kvserve.serve.http.limits import ServeLimits
 
     d = ServeLimits()
     g.add_argument(
@@ -168,7 +168,7 @@ def _seconds(text: str) -> float:
 
 
 def limits_from(args: argparse.Namespace) -> ServeLimits:
-    from kvserve.serve.limits import ServeLimits
+    from kvserve.serve.http.limits import ServeLimits
 
     return ServeLimits(
         max_request_bytes=args.max_request_bytes,
@@ -208,8 +208,8 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from kvserve.serve.build import build_served_engine
-    from kvserve.serve.connections import timed_h11
-    from kvserve.serve.engine_thread import freeze_heap
+    from kvserve.serve.http.connections import timed_h11
+    from kvserve.serve.http.engine_thread import freeze_heap
     from kvserve.serve.lifecycle import DrainingServer
 
     engine_args.kv_events_config = loopback_events(engine_args.kv_events_config)

@@ -32,7 +32,7 @@ from kvserve.cli.serve import API_KEY_ENV, limits_from
 from kvserve.ray.asgi import run_asgi
 from kvserve.ray.options import parse_serve_argv
 from kvserve.serve.build import build_served_engine
-from kvserve.serve.engine_thread import freeze_heap
+from kvserve.serve.http.engine_thread import freeze_heap
 
 log = logging.getLogger("kvserve.ray")
 

@@ -2,7 +2,7 @@
 
 Clients (the `openai` package among them) read `{"error": {"message", "type", "param",
 "code"}}` whatever the status; Starlette's own 404 and 405 (`{"detail": ...}`) would not
-parse, so they are rewritten here. The router cannot import the server's errors.py (its
+parse, so they are rewritten here. The router cannot import serve/http/errors.py (its
 room stays free of the server), hence this small copy of the body's shape.
 """
 

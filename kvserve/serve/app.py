@@ -1,12 +1,13 @@
-"""The FastAPI application: routes, the API key check, and the small endpoints.
+"""The FastAPI application: every route, the API key check, and the small endpoints.
 
-Generation lives in completions.py (and the Responses and Messages APIs over
-it, responses_api/ and messages_api/); this file wires them up with /v1/models,
-/health, /metrics, /version, /kv-metadata, /openapi.json, /tokenize and /detokenize.
+Each API's handlers live in their own room (openai/: chat, completions,
+embeddings, /tokenize and /detokenize; responses_api/ and messages_api/ over the
+same chat path, generation/); this file wires them up with /v1/models,
+/health, /metrics, /version, /kv-metadata and /openapi.json.
 With an API key every route but /health and /metrics wants `Authorization:
 Bearer KEY` or, as Anthropic's clients send it, `x-api-key: KEY` (compared in
 constant time), so a load balancer can probe and scrape a protected server.
-Request bodies pass limits.py's size and time limits first; tokenizer work
+Request bodies pass http/limits.py's size and time limits first; tokenizer work
 runs on the tokenizer's worker thread.
 """
 
@@ -21,14 +22,12 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from kvserve.serve import completions, embeddings, protocol, tools
-from kvserve.serve.admission import until_disconnected
-from kvserve.serve.errors import APIError, error_response, install_error_handlers
-from kvserve.serve.grammar_limits import check_tools
-from kvserve.serve.limits import BodyLimits
+from kvserve.serve.http.errors import APIError, error_response, install_error_handlers
+from kvserve.serve.http.limits import BodyLimits
+from kvserve.serve.http.openapi import openapi_document
 from kvserve.serve.messages_api import routes as messages_api
 from kvserve.serve.messages_api.output import error_body as anthropic_error
-from kvserve.serve.openapi import openapi_document
+from kvserve.serve.openai import chat, completions, embeddings, tokens
 from kvserve.serve.responses_api import routes as responses_api
 from kvserve.serve.state import ServerState
 from kvserve.version import version as installed_version
@@ -91,7 +90,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def create_chat_completion(request: Request) -> Any:
-        return await completions.chat_completions(request, state)
+        return await chat.chat_completions(request, state)
 
     @app.post("/v1/responses")
     async def create_response(request: Request) -> Any:
@@ -119,23 +118,11 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> dict[str, Any]:
-        return await until_disconnected(request, _tokenize(request, state))  # leaves: dropped
+        return await tokens.tokenize(request, state)
 
     @app.post("/detokenize")
     async def detokenize(request: Request) -> dict[str, Any]:
-        body = protocol.parse_json(await request.body())
-        protocol.check_fields(body, protocol.DETOKENIZE_FIELDS)
-        state.check_model(body.get("model"))
-        tokens = body.get("tokens")
-        if isinstance(tokens, list):
-            state.tokens.check_decode_length(len(tokens), "tokens")
-        if not isinstance(tokens, list) or not all(
-            isinstance(t, int) and not isinstance(t, bool) for t in tokens
-        ):
-            raise APIError("tokens must be a list of token ids", param="tokens")
-        state.tokens.checked_tokenizer()
-        state.tokens.check_ids(tokens, "tokens")
-        return {"prompt": await until_disconnected(request, state.tokens.decode(tokens))}
+        return await tokens.detokenize(request, state)
 
     return app
 
@@ -165,28 +152,3 @@ class _KeyCheck:
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
-
-
-async def _tokenize(request: Request, state: ServerState) -> dict[str, Any]:
-    """A prompt's token ids, or a conversation's through the chat template (as chat runs it,
-    its `tools` included)."""
-    body = protocol.parse_json(await request.body())
-    protocol.check_fields(body, protocol.TOKENIZE_FIELDS)
-    state.check_model(body.get("model"))
-    worker = state.tokens
-    worker.checked_tokenizer()
-    if "messages" in body:
-        offered = tools.read_tools(body)
-        check_tools(offered, state.limits)  # as chat refuses them, before rendering
-        template_tools = None if offered is None else offered.template_tools
-        tokens = await worker.render(protocol.chat_messages(body), None, template_tools)
-    else:
-        prompt = body.get("prompt")
-        if not isinstance(prompt, str):
-            raise APIError("prompt must be a string", param="prompt")
-        special = body.get("add_special_tokens", True)
-        if not isinstance(special, bool):
-            raise APIError("add_special_tokens must be true or false", param="add_special_tokens")
-        worker.check_length(len(prompt), "prompt")
-        tokens = await worker.encode(prompt, add_special_tokens=special)
-    return {"tokens": tokens, "count": len(tokens), "max_model_len": state.max_model_len}

@@ -15,10 +15,10 @@ from fastapi import FastAPI
 from kvserve.engine.engine_args import EngineArgs
 from kvserve.llm import LLM
 from kvserve.serve.app import create_app
-from kvserve.serve.engine_thread import EngineThread
-from kvserve.serve.kv_metadata import kv_metadata_body
-from kvserve.serve.limits import ServeLimits
-from kvserve.serve.metrics import EngineObserver, ServerMetrics, cache_config_info
+from kvserve.serve.http.engine_thread import EngineThread
+from kvserve.serve.http.kv_metadata import kv_metadata_body
+from kvserve.serve.http.limits import ServeLimits
+from kvserve.serve.http.metrics import EngineObserver, ServerMetrics, cache_config_info
 from kvserve.serve.responses_api.store import ResponseStore
 from kvserve.serve.state import ServerState
 

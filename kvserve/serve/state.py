@@ -9,13 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvserve.serve.engine_thread import EngineThread
-from kvserve.serve.errors import APIError
-from kvserve.serve.fields import IgnoredLog
-from kvserve.serve.limits import ServeLimits
-from kvserve.serve.metrics import ServerMetrics
+from kvserve.serve.http.engine_thread import EngineThread
+from kvserve.serve.http.errors import APIError
+from kvserve.serve.http.limits import ServeLimits
+from kvserve.serve.http.metrics import ServerMetrics
+from kvserve.serve.http.tokenizer_worker import TokenizerWorker
+from kvserve.serve.request.fields import IgnoredLog
 from kvserve.serve.responses_api.store import RESPONSES_STORE_SIZE, ResponseStore
-from kvserve.serve.tokenizer_worker import TokenizerWorker
 from kvserve.tool_calls.parser import ToolParser
 from kvserve.tool_calls.registry import parser_for
 
@@ -40,7 +40,7 @@ class ServerState:
     log_requests: bool = False
     """Log each request's prompt and parameters (off: logs never hold prompt text)."""
     kv_metadata: dict[str, Any] | None = None
-    """What GET /kv-metadata answers (kv_metadata.py): a router predicts hits from it."""
+    """What GET /kv-metadata answers (http/kv_metadata.py): a router predicts hits from it."""
     queued: int = 0
     """Requests submitted that have not had their first step yet."""
     draining: bool = False

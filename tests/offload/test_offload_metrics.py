@@ -11,7 +11,7 @@ import time
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvserve.serve.metrics import CacheConfigInfo, EngineSnapshot, ServerMetrics
+from kvserve.serve.http.metrics import CacheConfigInfo, EngineSnapshot, ServerMetrics
 from tests.offload.test_tier_failures import unwritable_directory
 from tests.serve.conftest import metric, scrape, start_server, stop_server
 

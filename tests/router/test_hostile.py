@@ -194,6 +194,6 @@ def test_clients_that_leave_mid_body_are_one_line_not_tracebacks(demo):
 def test_router_takes_every_body_a_replica_takes():
     """The router's default body limit is the server's: a request serve accepts passes it."""
     from kvserve.router.limits import MAX_REQUEST_BYTES
-    from kvserve.serve.limits import ServeLimits
+    from kvserve.serve.http.limits import ServeLimits
 
     assert ServeLimits().max_request_bytes == MAX_REQUEST_BYTES

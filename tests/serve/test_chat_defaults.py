@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from kvserve.serve.fields import HEADER
+from kvserve.serve.request.fields import HEADER
 from tests.serve.conftest import Server, start_server, stop_server
 
 MAX_MODEL_LEN = 64

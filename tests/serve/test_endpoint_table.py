@@ -7,12 +7,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from kvserve.serve import embeddings, fields, protocol
 from kvserve.serve.app import create_app
+from kvserve.serve.http.tokenizer_worker import TokenizerWorker
 from kvserve.serve.messages_api import request as messages
+from kvserve.serve.openai import embeddings
+from kvserve.serve.request import fields, protocol
 from kvserve.serve.responses_api import request as responses
 from kvserve.serve.state import ServerState
-from kvserve.serve.tokenizer_worker import TokenizerWorker
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "serving.md"
 NONE: frozenset[str] = frozenset()

@@ -6,9 +6,9 @@ import logging
 
 import pytest
 
-from kvserve.serve import fields
-from kvserve.serve.errors import APIError
-from kvserve.serve.protocol import CHAT_FIELDS, COMPLETION_FIELDS
+from kvserve.serve.http.errors import APIError
+from kvserve.serve.request import fields
+from kvserve.serve.request.protocol import CHAT_FIELDS, COMPLETION_FIELDS
 
 
 def ignored(body: dict, chat: bool = False) -> list[str]:

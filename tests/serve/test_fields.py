@@ -8,7 +8,7 @@ import json
 import httpx
 import pytest
 
-from kvserve.serve.fields import HEADER
+from kvserve.serve.request.fields import HEADER
 from tests.serve.conftest import start_server, stop_server
 
 # Text no other test of the shared server sends: a prefix cached here would change

@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from kvserve.serve.limits import ServeLimits
+from kvserve.serve.http.limits import ServeLimits
 from tests.serve.conftest import metric, scrape, start_server, stop_server
 from tests.serve.test_tool_calls import ASK, TOOLS
 

@@ -13,7 +13,7 @@ import pytest
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, Field
 
-from kvserve.serve.fields import HEADER
+from kvserve.serve.request.fields import HEADER
 
 # Text no other test of the shared server sends (a cached prefix would change others).
 ASK = "Reply in JSON: a person with a name and an age."

@@ -14,8 +14,8 @@ import jsonschema
 import openai
 import pytest
 
-from kvserve.serve import structured
-from kvserve.serve.errors import APIError
+from kvserve.serve.http.errors import APIError
+from kvserve.serve.request import structured
 from kvserve.structured.compiler import Pending
 from kvserve.structured.state import GrammarState
 

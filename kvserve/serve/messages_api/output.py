@@ -1,4 +1,4 @@
-"""Chat's answer (chat_blocks.py) as an Anthropic Message, whole or as its stream events.
+"""Chat's answer (generation/chat_blocks.py) as an Anthropic Message, whole or as its stream events.
 
 Text is a `text` block, each tool call a `tool_use` block (its id chat's
 tool-call id, its input the arguments parsed). A stream sends
@@ -13,8 +13,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from kvserve.serve.chat_blocks import Block, ChatAnswer, Piece
-from kvserve.serve.errors import APIError
+from kvserve.serve.generation.chat_blocks import Block, ChatAnswer, Piece
+from kvserve.serve.http.errors import APIError
 
 ERROR_TYPES = {
     400: "invalid_request_error",

@@ -8,7 +8,7 @@ input as JSON); `max_tokens`, `stop_sequences`, `temperature`, `top_p`,
 `tool_choice` auto / any / tool / none becomes "auto" / "required" / the named
 function / "none", and its `disable_parallel_tool_use` chat's
 `parallel_tool_calls: false`. Rendering and tokenizing are the chat path's
-(completions.chat_prompt), as for every other API.
+(generation/prompts.chat_prompt), as for every other API.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kvserve.serve.errors import APIError
-from kvserve.serve.fields import Unsupported, strict_fields
-from kvserve.serve.protocol import flag
+from kvserve.serve.http.errors import APIError
+from kvserve.serve.request.fields import Unsupported, strict_fields
+from kvserve.serve.request.protocol import flag
 
 SERVED = frozenset(
     {

@@ -10,15 +10,16 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from kvserve.serve import completions, fields, protocol
-from kvserve.serve.admission import until_disconnected
-from kvserve.serve.chat_blocks import StreamReader, whole_answer
-from kvserve.serve.engine_thread import ServerStopping
-from kvserve.serve.errors import APIError
+from kvserve.serve.generation import prompts, stream, submit
+from kvserve.serve.generation.chat_blocks import StreamReader, whole_answer
+from kvserve.serve.generation.job import Job
+from kvserve.serve.http.admission import until_disconnected
+from kvserve.serve.http.engine_thread import ServerStopping
+from kvserve.serve.http.errors import APIError
 from kvserve.serve.messages_api import output
 from kvserve.serve.messages_api.output import MessageShape
 from kvserve.serve.messages_api.request import translate
-from kvserve.serve.responses import Job
+from kvserve.serve.request import fields, protocol
 from kvserve.serve.responses_api.output import new_id
 from kvserve.serve.state import ServerState
 
@@ -42,22 +43,22 @@ async def _anthropic_errors(handler: Callable[[], Awaitable[Any]]) -> Any:
 async def _create(request: Request, state: ServerState) -> Any:
     body = protocol.parse_json(await request.body())
     chat, ignored = translate(body)
-    prompt = await completions.chat_prompt(state, chat)
-    job = await completions.start_chat(state, chat, prompt, request)
+    prompt = await prompts.chat_prompt(state, chat)
+    job = await submit.start_chat(state, chat, prompt, request)
     state.ignored_log.note(ignored)
     headers = fields.header([*ignored, *prompt.ignored])
     shape = MessageShape(new_id("msg"), state.served_name, chat.get("stop") or [])
     if job.options.stream:
         events = _events(job, state, shape)
         return StreamingResponse(events, media_type="text/event-stream", headers=headers)
-    answer = whole_answer(await completions.collect(request, job, state))
+    answer = whole_answer(await stream.collect(request, job, state))
     return JSONResponse(shape.body(answer), headers=headers)
 
 
 async def _count(request: Request, state: ServerState) -> dict[str, int]:
     body = protocol.parse_json(await request.body())
     chat, _ = translate(body, count_only=True)
-    prompt = await until_disconnected(request, completions.chat_prompt(state, chat))
+    prompt = await until_disconnected(request, prompts.chat_prompt(state, chat))
     return {"input_tokens": len(prompt.ids)}
 
 
@@ -65,7 +66,7 @@ async def _events(job: Job, state: ServerState, shape: MessageShape) -> AsyncIte
     reader = StreamReader()
     started = False
     try:
-        async with aclosing(completions.chunks(job, state)) as chunks:  # a client gone: abort
+        async with aclosing(stream.chunks(job, state)) as chunks:  # a client gone: abort
             async for chunk in chunks:
                 pieces = reader.feed(chunk)
                 if not started and pieces:  # after the first step: usage counts the cache hit

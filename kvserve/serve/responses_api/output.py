@@ -1,4 +1,4 @@
-"""Chat's answer (chat_blocks.py) as a Response object, whole or as OpenAI's typed events.
+"""Chat's answer (generation/chat_blocks.py) as a Response object, whole or as typed events.
 
 Text is an output item of type `message` (one `output_text` part), each tool
 call an item of type `function_call` (`call_id` is chat's tool-call id). A
@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvserve.serve.chat_blocks import Block, ChatAnswer, Piece
+from kvserve.serve.generation.chat_blocks import Block, ChatAnswer, Piece
 
 
 def new_id(prefix: str) -> str:

@@ -5,7 +5,7 @@ The Responses API is chat in other words: `input` items become chat messages
 `function_call_output` item a `tool` message), `instructions` a system message
 first, `max_output_tokens` max_tokens, `text.format` response_format, function
 tools chat's function tools. Nothing here renders or tokenizes: the chat path
-does (completions.chat_prompt), so both APIs get one prompt for one
+does (generation/prompts.chat_prompt), so both APIs get one prompt for one
 conversation, and a continued conversation renders as its first turn did
 (the prefix cache hits it).
 """
@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kvserve.serve.errors import APIError
-from kvserve.serve.fields import Unsupported, strict_fields
-from kvserve.serve.protocol import flag
+from kvserve.serve.http.errors import APIError
+from kvserve.serve.request.fields import Unsupported, strict_fields
+from kvserve.serve.request.protocol import flag
 
 SERVED = frozenset(
     {

@@ -10,11 +10,12 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from kvserve.serve import completions, fields, protocol
-from kvserve.serve.chat_blocks import StreamReader, whole_answer
-from kvserve.serve.engine_thread import ServerStopping
-from kvserve.serve.errors import APIError
-from kvserve.serve.responses import Job
+from kvserve.serve.generation import prompts, stream, submit
+from kvserve.serve.generation.chat_blocks import StreamReader, whole_answer
+from kvserve.serve.generation.job import Job
+from kvserve.serve.http.engine_thread import ServerStopping
+from kvserve.serve.http.errors import APIError
+from kvserve.serve.request import fields, protocol
 from kvserve.serve.responses_api.output import EventWriter, ResponseShape, new_id
 from kvserve.serve.responses_api.request import PARAMS, Translated, translate
 from kvserve.serve.responses_api.store import StoredResponse
@@ -38,15 +39,15 @@ async def create(request: Request, state: ServerState) -> Any:
     translated = translate(body, history)
     keep = protocol.flag(body, "store", default=True)
     with chat_params():
-        prompt = await completions.chat_prompt(state, translated.chat)
-        job = await completions.start_chat(state, translated.chat, prompt, request)
+        prompt = await prompts.chat_prompt(state, translated.chat)
+        job = await submit.start_chat(state, translated.chat, prompt, request)
     state.ignored_log.note(translated.ignored)
     headers = fields.header([*translated.ignored, *prompt.ignored])
     shape = ResponseShape(new_id("resp"), int(time.time()), state.served_name, body)
     if job.options.stream:
         events = _events(job, state, shape, translated, keep)
         return StreamingResponse(events, media_type="text/event-stream", headers=headers)
-    answer = whole_answer(await completions.collect(request, job, state))
+    answer = whole_answer(await stream.collect(request, job, state))
     result = shape.body(answer)
     if keep:
         conversation = [*translated.conversation, answer.assistant_message()]
@@ -72,7 +73,7 @@ async def _events(
     for event in writer.opening():
         yield event
     try:
-        async with aclosing(completions.chunks(job, state)) as chunks:  # a client gone: abort
+        async with aclosing(stream.chunks(job, state)) as chunks:  # a client gone: abort
             async for chunk in chunks:
                 for piece in reader.feed(chunk):
                     for event in writer.piece(piece):

@@ -1,7 +1,7 @@
 """A chat answer as content blocks: the text, then each tool call, whole or streamed.
 
 The Responses and Messages APIs run every request through the chat path
-(completions.py) and get its answer back in chat's words: one body with
+(generation/) and get its answer back in chat's words: one body with
 `message.content` and `message.tool_calls`, or a stream of chunk bodies
 whose deltas carry text and tool-call fragments (index, id and name first,
 then argument pieces). Both APIs answer in blocks instead (output items;
@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from kvserve.serve.errors import APIError
+from kvserve.serve.http.errors import APIError
 
 
 @dataclass(slots=True)

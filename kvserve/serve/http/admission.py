@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from fastapi import Request
 
 from kvserve.sampling_params import INT64_MAX, INT64_MIN
-from kvserve.serve.errors import APIError
+from kvserve.serve.http.errors import APIError
 
 T = TypeVar("T")
 DISCONNECT_POLL_SECONDS = 0.5

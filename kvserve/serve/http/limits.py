@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from kvserve.serve.errors import APIError, error_response
+from kvserve.serve.http.errors import APIError, error_response
 
 MIB = 1 << 20
 

@@ -17,8 +17,8 @@ import json
 from typing import Any
 
 from kvserve.sampling_params import SamplingParams
-from kvserve.serve.errors import APIError
-from kvserve.serve.limits import ServeLimits
+from kvserve.serve.http.errors import APIError
+from kvserve.serve.http.limits import ServeLimits
 from kvserve.tool_calls.request import ToolRequest
 
 

@@ -5,7 +5,7 @@ with (kvserve.kvcache.event_metadata: hashing, groups, block sizes); the
 server adds what only it knows: the checkpoint (a router loads the same
 tokenizer and chat template from it), the served name, where the events
 are published, and its `--pooling` rule (a `mean` embedding shares no prompt
-blocks, so a router predicts it no hit). build.py adds `limits`
+blocks, so a router predicts it no hit). serve/build.py adds `limits`
 (kvserve.request_limits.PromptLimits: max_model_len, the longest prompt string, max_n,
 the batch and JSON depth bounds, --max-tools and whether the template writes the tools
 into the prompt), so a router refuses unread what this replica would.

@@ -14,7 +14,7 @@ import dataclasses
 from typing import Any
 
 from kvserve.sampling_params import SamplingParams
-from kvserve.serve.errors import APIError
+from kvserve.serve.http.errors import APIError
 from kvserve.structured.tags import as_format
 from kvserve.tool_calls.parser import ToolParser
 from kvserve.tool_calls.request import ToolRequest, tool_request

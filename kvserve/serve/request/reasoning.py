@@ -17,7 +17,7 @@ from typing import Any
 from kvserve.reasoning.base import ReasoningSplit, ReasoningStream, ThinkParser
 from kvserve.reasoning.registry import reasoning_parser
 from kvserve.sampling_params import SamplingParams
-from kvserve.serve.errors import APIError
+from kvserve.serve.http.errors import APIError
 
 
 @dataclass(slots=True)

@@ -31,10 +31,10 @@ from fastapi.responses import JSONResponse
 from kvserve.outputs import RequestOutput
 from kvserve.pooling_params import PoolingParams
 from kvserve.prompt_fields import is_token_ids
-from kvserve.serve import fields, protocol
-from kvserve.serve.admission import request_priority, until_disconnected
-from kvserve.serve.engine_thread import RequestRefused, ServerStopping, Submission
-from kvserve.serve.errors import APIError
+from kvserve.serve.http.admission import request_priority, until_disconnected
+from kvserve.serve.http.engine_thread import RequestRefused, ServerStopping, Submission
+from kvserve.serve.http.errors import APIError
+from kvserve.serve.request import fields, protocol
 from kvserve.serve.state import ServerState
 
 SERVED = frozenset(

@@ -1,6 +1,6 @@
 """The server's OpenAPI document (GET /openapi.json): its routes and their request bodies.
 
-The handlers read bodies by hand (protocol.py), so FastAPI cannot derive the
+The handlers read bodies by hand (request/protocol.py), so FastAPI cannot derive the
 schemas: they are written here, with the ranges the server enforces. The fuzz
 test (tests/serve/test_fuzz.py) generates requests from this document, valid
 and invalid, and checks that every answer is a 2xx or a 4xx in OpenAI's body.
@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from kvserve.chat_template import ROLES
+from kvserve.request_limits import MAX_BATCH_PROMPTS
 from kvserve.sampling_params import INT64_MAX, INT64_MIN, MAX_LOGIT_BIAS, MAX_LOGPROBS
-from kvserve.serve.protocol import MAX_BATCH_PROMPTS
 
 _INT64 = {"type": "integer", "minimum": INT64_MIN, "maximum": INT64_MAX}
 _TOKENS = {"type": "array", "items": {"type": "integer", "minimum": 0}}
@@ -22,7 +22,7 @@ _PRIORITY = {"type": "integer", "minimum": INT64_MIN, "maximum": INT64_MAX}
 BATCH = MAX_BATCH_PROMPTS
 _CHOICE = {"type": "array", "items": {"type": "string"}, "minItems": 1}
 _STRUCTURED: dict[str, Any] = {
-    # One constraint per request (structured.py); the fuzz test sends them one by one.
+    # One constraint per request (request/structured.py); the fuzz test sends them one by one.
     "response_format": {
         "oneOf": [
             {

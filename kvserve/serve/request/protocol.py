@@ -22,8 +22,8 @@ from kvserve.request_limits import MAX_BATCH_PROMPTS as MAX_BATCH_PROMPTS
 from kvserve.request_limits import MAX_JSON_DEPTH as MAX_JSON_DEPTH
 from kvserve.request_limits import LimitError
 from kvserve.sampling_params import RequestOutputKind, SamplingParams
-from kvserve.serve import structured
-from kvserve.serve.errors import APIError, refusal
+from kvserve.serve.http.errors import APIError, refusal
+from kvserve.serve.request import structured
 
 # Fields accepted and passed on to SamplingParams (OpenAI's name -> ours).
 _SAMPLING = {

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
-from kvserve.serve.errors import APIError
+from kvserve.serve.http.errors import APIError
 
 log = logging.getLogger("kvserve.serve")
 HEADER = "x-kvserve-ignored-fields"

@@ -3,7 +3,7 @@
 A `Job` is one HTTP request: one `Part` per prompt (a completions batch has
 several; chat has one), each with `n` choices. It accumulates what the engine
 sent (text, token counts, cache hits) and renders the JSON answer, the SSE
-chunks and the usage block, so completions.py only moves outputs around.
+chunks and the usage block, so submit.py and stream.py only move outputs around.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvserve.outputs import CompletionOutput, RequestOutput
-from kvserve.serve.logprobs import Step, chat_logprobs, completion_logprobs
-from kvserve.serve.protocol import ResponseOptions
-from kvserve.serve.reasoning import ChatReasoning
+from kvserve.serve.generation.logprobs import Step, chat_logprobs, completion_logprobs
+from kvserve.serve.request.protocol import ResponseOptions
+from kvserve.serve.request.reasoning import ChatReasoning
 from kvserve.tool_calls.parser import ToolParser
 from kvserve.tool_calls.stream import ToolCallStream
 from kvserve.tool_calls.types import ParsedOutput, ToolCall

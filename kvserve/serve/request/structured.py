@@ -13,7 +13,7 @@ Three spellings ask for the same thing; a request uses one constraint at most:
 Only the shape is checked here: a malformed one is a 400 naming the field the
 client sent (`param`), two constraints a 400 naming both. Whether xgrammar can
 compile the schema, regex or grammar is the engine's check when the request
-is added (its ValueError becomes a 400 too: completions.py), or, for the rare
+is added (its ValueError becomes a 400 too: generation/submit.py), or, for the rare
 grammar that fails only in the compile itself, when its first token is chosen
 (the same 400, the first output being awaited before any answer starts).
 """
@@ -24,7 +24,7 @@ from typing import Any
 
 from kvserve.request_limits import LimitError, check_json_depth
 from kvserve.sampling_params import CONSTRAINTS, StructuredOutputsParams
-from kvserve.serve.errors import APIError
+from kvserve.serve.http.errors import APIError
 
 GUIDED = {
     "guided_json": "json",

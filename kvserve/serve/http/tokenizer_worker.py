@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from kvserve.request_limits import MIN_CHARS_PER_TOKEN, LimitError, PromptLimits, check_prompt_chars
 from kvserve.request_limits import max_prompt_chars as longest_prompt
-from kvserve.serve.errors import APIError, refusal
+from kvserve.serve.http.errors import APIError, refusal
 
 T = TypeVar("T")
 

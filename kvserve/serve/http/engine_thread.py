@@ -33,7 +33,7 @@ from kvserve.engine.llm_engine import LLMEngine
 from kvserve.outputs import RequestOutput
 from kvserve.pooling_params import PoolingParams
 from kvserve.sampling_params import SamplingParams
-from kvserve.serve.metrics import EngineObserver
+from kvserve.serve.http.metrics import EngineObserver
 
 log = logging.getLogger("kvserve.serve")
 

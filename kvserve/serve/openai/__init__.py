@@ -1,0 +1,6 @@
+"""OpenAI's routes: /v1/chat/completions, /v1/completions, /v1/embeddings, /tokenize, /detokenize.
+
+One module per route family, each a handler that reads top-down: the body
+parsed (request/), the prompt checked and submitted (generation/), the answer
+joined or streamed (generation/stream.py). app.py wires them.
+"""
