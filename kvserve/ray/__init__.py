@@ -3,6 +3,22 @@
 `serve run kvserve.ray:app model=... num_replicas=4` (or a Serve config file with
 `import_path: kvserve.ray:app`). The only part of kvserve that imports Ray (the optional
 extra `kvserve[ray]`); README "Several machines: Ray Serve", docs/several-engines.md.
+
+Files: `app`, the builder (app.py; its arguments, options.py: deployment options, the rest
+parsed by `kvserve serve`'s own parser); the replica (replica.py: serve/build.py's engine,
+events on the node's address, advertised in its routing stats); the ingress (ingress.py:
+the body read, the call through the handle, the answer relayed, a replica that failed
+before its first message retried); one HTTP request over a Ray call, its path the one
+below Serve's route prefix (asgi.py); the request router (router.py: router/follower.py,
+router/prompts.py and routing/ in Serve's request-router API, Serve's Power-of-Two choice
+where it cannot predict); the ingress's /metrics and the predictions checked against the
+answers (book.py).
+
+Dependencies: `ray[serve]` (pinned: its request-router API is alpha; one private name,
+Serve's Power-of-Two router for the fallback, imported in router.py alone), the optional
+extra `ray` and a dev dependency; through kvserve.serve and kvserve.router the rest.
+Between the ingress and a replica a request travels as Ray sends arguments (pickled,
+inside the cluster).
 """
 
 from kvserve.ray.app import app, build_app
