@@ -8,9 +8,12 @@ request belongs to a client request holding no seat (and the free blocks would h
 its first chunk), the client request holding the most seats (more than one; among
 those no more urgent than it under `--scheduling-policy priority`) gives one up: its
 most recently admitted sequence is preempted (its blocks stay cached, so its
-recompute mostly hits) and goes back into its own client's place in the rotation, not
-the front lane, which would readmit it first; the seatless request moves to the front
-lane. One seat a step: a few single requests behind a batch are each admitted within a
+recompute mostly hits) and goes back, first among its own client request's waiting
+ones, into that client's place in the rotation (`WaitingQueue.requeue`), not the front
+lane, which would give the seat right back; the seatless request moves to the front
+lane. Where blocks, not seats, hold the seatless request back (a batch filling the KV
+pool), a seat would not place it, only churn: it waits for blocks to come back. One seat
+a step: a few single requests behind a batch are each admitted within a
 few steps. A client request never loses its last seat, so the swap cannot repeat: the
 new holder has a seat.
 """

@@ -13,12 +13,6 @@ below Serve's route prefix (asgi.py); the request router (router.py: router/foll
 router/prompts.py and routing/ in Serve's request-router API, Serve's Power-of-Two choice
 where it cannot predict); the ingress's /metrics and the predictions checked against the
 answers (book.py).
-
-Dependencies: `ray[serve]` (pinned: its request-router API is alpha; one private name,
-Serve's Power-of-Two router for the fallback, imported in router.py alone), the optional
-extra `ray` and a dev dependency; through kvserve.serve and kvserve.router the rest.
-Between the ingress and a replica a request travels as Ray sends arguments (pickled,
-inside the cluster).
 """
 
 from kvserve.ray.app import app, build_app
