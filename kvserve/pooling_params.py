@@ -5,6 +5,19 @@ sampled) and its final hidden states (after the model's last norm) are pooled
 by one rule, then L2-normalized. `last` is vLLM's default for decoder models
 (the last token has seen the whole prompt); `mean` averages every prompt
 token's state.
+
+How the engine runs one (`PoolingParams` given to `add_request` instead of
+SamplingParams; `LLM.embed`, `/v1/embeddings`): the scheduler runs it as any prompt
+(chunks, prefix hits, preemption); its chunks reach the runner with `sample` False and
+`pooling` set; the runner's `Pooler` (kvserve.model.pooling) reads the step's final hidden
+states of those chunks only (generation pays one attribute check per chunk) and answers
+the embedding in `StepOutput.embeddings` when the chunk ends the prompt; the engine puts
+it on the `Request`, and the scheduler's update finishes the request (`stop`) instead of
+appending a token. `last` pooling reads and fills the prefix cache like any prompt (a
+fully cached prompt recomputes its last token, docs/design.md invariant 5: the one state
+it needs). `mean` pooling needs every prompt token's state, which no cached block keeps:
+the engine gives it a cache salt of its own, so it computes its whole prompt, and its
+blocks are neither read from nor shared with others.
 """
 
 from __future__ import annotations

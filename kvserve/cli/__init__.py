@@ -1,4 +1,15 @@
-"""The `kvserve` command line: one module per command; this one parses and dispatches."""
+"""The `kvserve` command line: one module per command; this one parses and dispatches.
+
+Besides one module per command: engine options generated from EngineArgs
+(engine_options.py); `--log-level` and the log handler (common.py: only the CLI adds one;
+also serve's loopback event sockets, which data_parallel shares); `generate
+--prompt-token-ids` (prompt_ids.py); `generate --json-schema FILE | --json-object |
+--regex | --choice | --grammar FILE` (structured_options.py); `serve --tool-call-parser
+NAME` (tool_calls.registry's names); the engine commands' OpenMP runtime (openmp.py: they
+re-execute themselves once with Intel's libiomp5 preloaded where it is installed); `serve
+--data-parallel-size N` (data_parallel.py): N `serve` children on loopback ports, events
+offset by rank, the router in front.
+"""
 
 from __future__ import annotations
 

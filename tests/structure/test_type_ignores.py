@@ -1,4 +1,4 @@
-"""The type checker's escape hatch stays rare (docs/design.md, Types): at most five
+"""The type checker's escape hatch stays rare (docs/development.md, Types): at most five
 `# type: ignore` in kvserve/, each naming its error code and saying why on its line;
 and CI runs the checker."""
 

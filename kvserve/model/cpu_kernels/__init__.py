@@ -1,1 +1,20 @@
-"""Small C kernels for the CPU where torch ships none (built with the system compiler)."""
+"""Small C kernels for the CPU where torch ships none (built with the system compiler).
+
+Compiled by the system C compiler (-march=native, no torch headers: under a second) and
+cached on disk; without a compiler torch's own ops run. Files:
+
+    build.py        the compile and its cache (~/.cache/kvserve/kernels, keyed by source,
+                    flags, compiler and CPU flags)
+    attention.c     bfloat16 attention: paged decode (each row's context read in
+                    place through its slots) and a prefill's causal attention, fresh
+                    or after a cached prefix (its keys read through the slots; AVX-512
+                    bfloat16 dot products: one pass of scores, exact row maxima, then
+                    the weights times the values); SDPA's roundings
+    attention.py    their ctypes binding; with it on, a step's decodes are one group
+                    in batch order (no padding read, no rows gathered)
+    layer_ops.c, layer_ops.py  RMSNorm (with the residual add before it), the
+                    rotary embedding, SiLU-and-multiply: one call each, torch's
+                    roundings in torch's places
+    switch.py       enabled once by a bfloat16 CPU runner, process-wide
+                    (KVSERVE_CPU_KERNELS=0 turns them off); float32 keeps torch's ops
+"""

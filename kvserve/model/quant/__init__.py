@@ -2,4 +2,16 @@
 blocks kept as they are, and the projections fused after loading.
 
 Imports of other model rooms: only `checkpoint` (the config, GGUF tensors).
+
+Packed weights are computed in bfloat16 on torch's CPU kernels. Files:
+
+    quantize.py     the quantization modes: which weights are packed, the module swap
+    quant_linear.py packed linear layers (int8 per channel, int4 in groups)
+    gguf_blocks.py  GGUF 4-bit blocks (Q4_0, Q4_1, Q4_K) -> int4 kernel weights as they
+                    are; quantization gguf's rule per tensor
+    fusion.py       q/k/v and gate/up stacked into one layer each after loading (float,
+                    int8 or int4 rows), or run one by one where they cannot stack
+    onednn_linear.py bfloat16 linear layers (and a tied lm_head) with their weights
+                    pre-packed for oneDNN on the CPU: F.linear's bits without its
+                    per-call weight reorder; float32 and packed modes left alone
 """
