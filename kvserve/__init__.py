@@ -10,6 +10,7 @@ __all__ = [
     "LLM",
     "CompletionOutput",
     "KVEventsConfig",
+    "LoRARequest",
     "PoolingParams",
     "RequestOutput",
     "SamplingParams",
@@ -18,6 +19,7 @@ __all__ = [
 if TYPE_CHECKING:
     from kvserve.events.config import KVEventsConfig
     from kvserve.llm import LLM
+    from kvserve.lora.request import LoRARequest
     from kvserve.outputs import CompletionOutput, RequestOutput
     from kvserve.pooling_params import PoolingParams
     from kvserve.sampling_params import SamplingParams
@@ -37,6 +39,10 @@ def __getattr__(name: str) -> Any:
         from kvserve.pooling_params import PoolingParams
 
         return PoolingParams
+    if name == "LoRARequest":
+        from kvserve.lora.request import LoRARequest
+
+        return LoRARequest
     if name == "KVEventsConfig":
         from kvserve.events.config import KVEventsConfig
 

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from kvserve.kvcache.plan import StepPlan
 from kvserve.kvcache.specs import KVCacheSpec
+from kvserve.lora.request import Adapter
 from kvserve.pooling_params import PoolingParams
 from kvserve.sampling_params import SamplingParams
 
@@ -58,6 +59,8 @@ class SeqChunk:
     pooling: PoolingParams | None = None
     """A pooling request's rule (its chunks never sample): the runner pools the final
     hidden states of its prompt instead (kvserve.model.pooling)."""
+    lora: Adapter | None = None
+    """The LoRA adapter its rows run with (kvserve.lora); None: the base model."""
 
     @property
     def new_token_ids(self) -> Sequence[int]:

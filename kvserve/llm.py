@@ -15,6 +15,7 @@ from kvserve.chat_template import Conversation, as_conversations, render
 from kvserve.default_model import resolve_model
 from kvserve.engine.engine_args import EngineArgs
 from kvserve.engine.llm_engine import LLMEngine
+from kvserve.lora.request import LoRARequest
 from kvserve.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
 from kvserve.pooling_params import PoolingParams
 from kvserve.sampling_params import RequestOutputKind, SamplingParams
@@ -54,6 +55,7 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
         on_finished: OnFinished | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Generate for every prompt; outputs in input order.
 
@@ -62,9 +64,12 @@ class LLM:
         output)` is called as each prompt finishes (prompt `i` of the input),
         so a caller can show results before the batch ends. Ctrl-C (SIGINT)
         stops between two steps: the unfinished requests are aborted, the
-        KeyboardInterrupt propagates, and the engine stays usable.
+        KeyboardInterrupt propagates, and the engine stays usable. `lora_request`: the
+        LoRA adapter (an engine with enable_lora) for every prompt, or one per prompt
+        (None: the base model).
         """
-        return self._run(_as_prompt_list(prompts), sampling_params, use_tqdm, on_finished)
+        batch = _as_prompt_list(prompts)
+        return self._run(batch, sampling_params, use_tqdm, on_finished, loras=lora_request)
 
     def _run(
         self,
@@ -73,19 +78,23 @@ class LLM:
         use_tqdm: bool,
         on_finished: OnFinished | None,
         label: str = "prompt",
+        loras: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """`generate` for prompts already listed; errors name each by `label` and index."""
         params_list = _params_for(batch, sampling_params)
+        lora_list = _loras_for(batch, loras)
         engine = self.engine
         index: dict[str, int] = {}  # request id -> its prompt's position in `batch`
         try:
-            for i, (prompt, params) in enumerate(zip(batch, params_list, strict=True)):
+            for i, (prompt, params, lora) in enumerate(
+                zip(batch, params_list, lora_list, strict=True)
+            ):
                 request_id = str(next(self._ids))
                 try:
                     if isinstance(params, SamplingParams):
                         # generate() returns finished requests only: build no other outputs.
                         params = replace(params, output_kind=RequestOutputKind.FINAL_ONLY)
-                    engine.add_request(request_id, prompt, params)
+                    engine.add_request(request_id, prompt, params, lora_request=lora)
                 except (ValueError, TypeError) as exc:
                     raise type(exc)(f"{label} {i}: {exc}") from None
                 index[request_id] = i
@@ -136,6 +145,7 @@ class LLM:
         chat_template: str | None = None,
         add_generation_prompt: bool = True,
         on_finished: OnFinished | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Generate the next assistant message of one conversation or of several.
 
@@ -143,7 +153,7 @@ class LLM:
         with the checkpoint's own chat template (or `chat_template`); a
         checkpoint without one is a ValueError. Outputs in input order, their
         `prompt` the rendered text; errors and `on_finished` as in `generate`
-        (errors name the conversation).
+        (errors name the conversation), `lora_request` as in `generate`.
         """
         tokenizer = self.engine.tokenizer
         rendered = []
@@ -162,7 +172,9 @@ class LLM:
                 on_finished(i, output)
 
         batch: list[Prompt] = [ids for _, ids in rendered]
-        outputs = self._run(batch, sampling_params, use_tqdm, report, label="conversation")
+        outputs = self._run(
+            batch, sampling_params, use_tqdm, report, label="conversation", loras=lora_request
+        )
         for output, (text, _) in zip(outputs, rendered, strict=True):
             output.prompt = text
         return outputs
@@ -217,6 +229,18 @@ def _params_for(
     if len(params_list) != len(batch):
         raise ValueError(f"got {len(params_list)} sampling params for {len(batch)} prompts")
     return params_list
+
+
+def _loras_for(
+    batch: list[Prompt], loras: LoRARequest | Sequence[LoRARequest | None] | None
+) -> list[LoRARequest | None]:
+    """One adapter (or None) per prompt: the same for all, or one each."""
+    if loras is None or isinstance(loras, LoRARequest):
+        return [loras] * len(batch)
+    lora_list = list(loras)
+    if len(lora_list) != len(batch):
+        raise ValueError(f"got {len(lora_list)} lora requests for {len(batch)} prompts")
+    return lora_list
 
 
 @contextlib.contextmanager

@@ -17,6 +17,7 @@ from kvserve.cli.prompt_ids import FLAG, HELP, read_prompt_token_ids
 from kvserve.cli.structured_options import add_structured_options, structured_from
 
 if TYPE_CHECKING:
+    from kvserve.lora.request import LoRARequest
     from kvserve.outputs import RequestOutput
 
 DEMO_SYSTEM = (
@@ -71,6 +72,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--seed", type=int, default=None, help="per-request sampling seed")
     s.add_argument("--ignore-eos", action="store_true", help="do not stop at EOS")
     add_structured_options(p)
+    p.add_argument(
+        "--lora",
+        metavar="NAME=DIR",
+        help="run every prompt with this LoRA adapter (a PEFT directory: adapter_config.json "
+        "and adapter_model.safetensors); turns on --enable-lora",
+    )
     add_engine_options(p.add_argument_group("engine (kvserve.engine.engine_args.EngineArgs)"))
     o = p.add_argument_group("output")
     add_kv_events_linger(o)
@@ -82,6 +89,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "(default: each as soon as it finishes)",
     )
     p.set_defaults(func=run)
+
+
+def _lora(option: str | None) -> LoRARequest | None:
+    """`--lora NAME=DIR` as the adapter every prompt runs with."""
+    if option is None:
+        return None
+    from kvserve.lora.request import LoRARequest
+
+    name, sep, path = option.partition("=")
+    if not sep or not name or not path:
+        raise ValueError(f"--lora must be NAME=DIR, got {option!r}")
+    return LoRARequest(name, 1, path)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -106,8 +125,13 @@ def run(args: argparse.Namespace) -> int:
         ignore_eos=args.ignore_eos,
         structured_outputs=structured_from(args),
     )
-    llm = LLM(args.model, **dataclasses.asdict(engine_args_from(args)))
+    engine_args = engine_args_from(args)
+    lora = _lora(args.lora)
+    engine_args.enable_lora = engine_args.enable_lora or lora is not None
+    llm = LLM(args.model, **dataclasses.asdict(engine_args))
     print(f"Model: {llm.model.description}")
+    if lora is not None:
+        print(f"LoRA adapter: {lora.lora_name} ({lora.lora_path})")
     if llm.model.random_weights:
         print("Its weights are RANDOM, so its completions are gibberish.")
     print(flush=True)
@@ -121,9 +145,9 @@ def run(args: argparse.Namespace) -> int:
     interrupted = False
     try:
         if conversations is not None:
-            llm.chat(conversations, params, use_tqdm, on_finished=printer)
+            llm.chat(conversations, params, use_tqdm, on_finished=printer, lora_request=lora)
         else:
-            llm.generate(shown, params, use_tqdm, on_finished=printer)
+            llm.generate(shown, params, use_tqdm, on_finished=printer, lora_request=lora)
     except KeyboardInterrupt:
         interrupted = True
     finally:

@@ -199,6 +199,11 @@ def run(args: argparse.Namespace) -> int:
     if not args.responses_store_mb >= 0:
         raise ValueError(f"--responses-store-mb must be >= 0, got {args.responses_store_mb}")
     engine_args = engine_args_from(args)
+    if engine_args.enable_lora:
+        raise ValueError(
+            "--enable-lora: the server does not serve LoRA adapters yet (the request's model "
+            "picking one); use kvserve generate --lora or LLM(enable_lora=True)"
+        )
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     if args.data_parallel_size > 1:  # the parent runs no engine: children do, a router fronts
         from kvserve.cli.data_parallel import run_data_parallel

@@ -116,6 +116,23 @@ class EngineArgs:
                        "\"endpoint\": \"tcp://*:5557\", \"replay_endpoint\": \"tcp://*:5558\"}' "
                        "(watch them with `kvserve events`); default: no events"),
     )  # fmt: skip
+    enable_lora: bool = field(
+        default=False,
+        metadata=_help("LoRA adapters (PEFT directories) per request: generate(lora_request=...) "
+                       "(kvserve.lora); each adapter's KV blocks are its own, keyed by its "
+                       "content"),
+    )  # fmt: skip
+    max_loras: int = field(
+        default=1, metadata=_help("with enable_lora: distinct adapters in one step")
+    )
+    max_lora_rank: int = field(
+        default=16, metadata=_help("with enable_lora: the largest adapter rank accepted")
+    )
+    max_cpu_loras: int | None = field(
+        default=None,
+        metadata=_help("with enable_lora: adapters kept read between uses, least recently "
+                       "used out (default: max_loras)"),
+    )  # fmt: skip
     speculative_config: Any = field(
         default=None,
         metadata=_help("speculative decoding: vLLM's keys as JSON (in Python also a dict), e.g. "
@@ -180,6 +197,10 @@ class EngineArgs:
             from kvserve.events.config import KVEventsConfig
 
             KVEventsConfig.from_any(self.kv_events_config)  # the engine reads it again
+        for name in ("max_loras", "max_lora_rank"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if self.speculative_config is not None:
             from kvserve.engine.speculative import SpeculativeConfig
 

@@ -15,7 +15,7 @@ from kvserve.batch import Runner
 from kvserve.engine.content_tracker import tracker_for
 from kvserve.engine.drafter import Drafter, draft_model_for, draft_model_path
 from kvserve.engine.engine_args import EngineArgs
-from kvserve.engine.engine_stats import EngineStats
+from kvserve.engine.engine_stats import EngineStats, engine_counters
 from kvserve.engine.grammar import EngineGrammars
 from kvserve.engine.logprobs import LogprobsRecorder
 from kvserve.engine.prompt_input import prompt_token_ids
@@ -27,6 +27,8 @@ from kvserve.engine.tiers import EngineTiers
 from kvserve.engine.user_request import UserRequest
 from kvserve.kvcache.config import KVCacheConfig
 from kvserve.kvcache.manager import KVCacheManager
+from kvserve.lora.registry import AdapterRegistry
+from kvserve.lora.request import LoRARequest
 from kvserve.outputs import RequestOutput
 from kvserve.pooling_params import PoolingParams
 from kvserve.sampling_params import RequestOutputKind, SamplingParams
@@ -60,6 +62,8 @@ class LLMEngine:
             warmup=args.warmup,
             enforce_eager=args.enforce_eager,
             draft_model=draft_model_path(args.speculative_config),
+            max_loras=args.max_loras if args.enable_lora else 0,
+            max_cpu_loras=args.max_cpu_loras or args.max_loras,
         )
         self._setup(runner, args)
 
@@ -108,12 +112,17 @@ class LLMEngine:
                 max_num_batched_tokens=args.max_num_batched_tokens,
                 max_model_len=max_model_len,
                 scheduling_policy=args.scheduling_policy,
+                max_loras=args.max_loras if args.enable_lora else None,
             ),
             stop_checker=self.stop_checker,
             connector=self.connector,
             drafter=self.drafter,
         )
         self.stats = EngineStats()
+        self.loras = (
+            AdapterRegistry.for_runner(runner, args.max_lora_rank) if args.enable_lora else None
+        )
+        """LoRA adapters by request (kvserve.lora); None without enable_lora."""
         self.tracker = tracker_for(runner.kv_cache_specs, args.block_size)
         """Independent count of the ideal prefill and of duplicate blocks held."""
         self.last_step_num_chunks = 0
@@ -143,7 +152,7 @@ class LLMEngine:
         prompt: str | list[int],
         params: SamplingParams | PoolingParams | None = None,
         *,
-        lora_name: str | None = None,
+        lora_request: LoRARequest | None = None,
         cache_salt: str | None = None,
         client_id: str | None = None,
         priority: int = 0,
@@ -154,7 +163,7 @@ class LLMEngine:
         sampled, and its output carries the embedding (kvserve.pooling_params).
         `client_id`: the client request it is part of (default: itself), the unit the
         scheduler admits round-robin; `priority`: lower is earlier (scheduling_policy
-        "priority" only)."""
+        "priority" only); `lora_request`: the adapter it runs with (enable_lora)."""
         self._check_open()
         pooling = None
         if isinstance(params, PoolingParams):
@@ -179,6 +188,11 @@ class LLMEngine:
                 f"logit_bias token id {outside[0]} is outside the vocabulary "
                 f"[0, {self._vocab_size})"
             )
+        lora = None
+        if lora_request is not None:
+            if self.loras is None:
+                raise ValueError("lora_request needs an engine with enable_lora=True")
+            lora = self.loras.resolve(lora_request)
         grammar = self.grammars.states_for(params)  # a constraint it cannot read raises
         drafter = None if pooling is not None else self.drafter  # pooling never decodes
         sequences = [
@@ -186,7 +200,7 @@ class LLMEngine:
                 request_id if params.n == 1 else f"{request_id}#{index}",
                 list(token_ids),
                 params=child,
-                lora_name=lora_name,
+                lora=lora,
                 cache_salt=cache_salt,
                 parent_id=request_id,
                 index=index,
@@ -372,22 +386,4 @@ class LLMEngine:
 
     def stats_dict(self) -> dict[str, Any]:
         """The simulate counters under the same names, plus cache counters."""
-        s = self.scheduler.stats
-        return {
-            "prompt_tokens": s.prompt_tokens,
-            "prefill_tokens_computed": s.prefill_tokens_computed,
-            "decode_tokens_computed": s.decode_tokens_computed,
-            "prefix_hit_tokens": s.prefix_hit_tokens,
-            "peak_blocks_used": self.manager.stats.peak_blocks_used,
-            "duplicate_blocks_peak": self.tracker.duplicates_peak,
-            "preemptions": s.preemptions,
-            "steps": s.steps,
-            "generated_tokens": self.stats.generated_tokens,
-            "num_kv_blocks": self.runner.num_blocks,
-            "evictions": self.manager.pool.num_evictions,
-            "prefill_step_seconds": self.stats.prefill_step_seconds,
-            "decode_step_seconds": self.stats.decode_step_seconds,
-            "external_hit_tokens": s.external_hit_tokens,
-            **(self.tiers.stats() if self.tiers is not None else {}),
-            **(self.drafter.stats_dict() if self.drafter is not None else {}),
-        }
+        return engine_counters(self)

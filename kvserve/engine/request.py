@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from kvserve.engine.detokenizer import OutputText
 from kvserve.engine.speculative import SpecState
+from kvserve.lora.request import Adapter
 from kvserve.outputs import Logprob
 from kvserve.pooling_params import PoolingParams
 from kvserve.sampling_params import SamplingParams
@@ -44,7 +45,8 @@ class Request:
     request_id: str
     token_ids: list[int]
     params: SamplingParams = field(default_factory=SamplingParams)
-    lora_name: str | None = None
+    lora: Adapter | None = None
+    """The LoRA adapter it runs with (kvserve.lora); None: the base model."""
     cache_salt: str | None = None
     parent_id: str = ""
     index: int = 0
@@ -90,6 +92,12 @@ class Request:
             self.parent_id = self.request_id
         if not self.client_id:
             self.client_id = self.parent_id
+
+    @property
+    def lora_name(self) -> str | None:
+        """Its adapter's key in the KV cache, the tiers and the events: the adapter's
+        content identity (kvserve.lora.request), never its name or id."""
+        return None if self.lora is None else self.lora.identity
 
     @property
     def max_tokens(self) -> int:

@@ -24,7 +24,7 @@ from kvserve.engine.scheduler_config import SchedulerConfig, SchedulerStats
 from kvserve.engine.scheduler_output import ScheduledChunk, SchedulerOutput, sampled_tokens
 from kvserve.engine.seats import fair_share_claim, serve_order
 from kvserve.engine.stop import StopChecker
-from kvserve.engine.waiting_queue import WaitingQueue
+from kvserve.engine.waiting_queue import WaitingQueue, adapter_fits, ready
 from kvserve.kvcache.manager import KVCacheManager
 
 log = logging.getLogger("kvserve.engine")
@@ -197,9 +197,9 @@ class Scheduler:
         while waiting and budget > 0 and len(running) < max_seqs:
             req = waiting[0]
             rid = req.request_id
-            if req.grammar is not None and not req.grammar.ready:
-                deferred.append(waiting.popleft())  # its grammar still compiles: others go on
-                continue
+            if not ready(req) or not adapter_fits(req, running, self.config.max_loras):
+                deferred.append(waiting.popleft())  # its grammar compiles, or its adapter
+                continue  # waits for a slot: the others go on
             hit = manager.get_computed_blocks(rid, 0)
             if hit.wait:
                 # It would resume from state this step writes (design.md invariant 8):

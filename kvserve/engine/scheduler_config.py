@@ -14,6 +14,8 @@ class SchedulerConfig:
     max_model_len: int | None = None
     scheduling_policy: str = "fcfs"
     """vLLM's: fcfs (every request's priority is 0) or priority (lower is earlier)."""
+    max_loras: int | None = None
+    """Distinct LoRA adapters among the running requests (None: no adapters)."""
 
     def __post_init__(self) -> None:
         if self.scheduling_policy not in SCHEDULING_POLICIES:

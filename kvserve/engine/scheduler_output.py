@@ -54,6 +54,7 @@ class SchedulerOutput:
                 grammar=c.request.grammar,
                 draft_token_ids=c.draft_token_ids,
                 pooling=c.request.pooling,
+                lora=c.request.lora,
             )
             for c in self.chunks
         ]

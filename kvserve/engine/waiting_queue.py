@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import bisect
 from collections import OrderedDict, deque
-from collections.abc import Container, Iterable, Iterator
+from collections.abc import Container, Iterable, Iterator, Sequence
 
 from kvserve.engine.request import Request
 
@@ -133,11 +133,11 @@ class WaitingQueue:
         """The first request, in `popleft` order, of a client request not in `seated` whose
         grammar (if any) is ready; only the head of each client's queue is looked at."""
         for request in self._front:
-            if request.client_id not in seated and _ready(request):
+            if request.client_id not in seated and ready(request):
                 return request
         for level in self._order:
             for client, queue in self._levels[level].items():
-                if client not in seated and _ready(queue[0]):
+                if client not in seated and ready(queue[0]):
                     return queue[0]
         return None
 
@@ -161,5 +161,15 @@ class WaitingQueue:
                 queues = [q for q in queues if q]
 
 
-def _ready(request: Request) -> bool:
+def adapter_fits(request: Request, running: Sequence[Request], max_loras: int | None) -> bool:
+    """Its LoRA adapter runs already, or fewer than `max_loras` adapters do: a step never
+    needs more adapters than the runner has slots for (kvserve.lora.slots)."""
+    if request.lora is None or max_loras is None:
+        return True
+    adapters = {r.lora_name for r in running if r.lora is not None}
+    return request.lora_name in adapters or len(adapters) < max_loras
+
+
+def ready(request: Request) -> bool:
+    """Whether its grammar, if any, has compiled."""
     return request.grammar is None or request.grammar.ready

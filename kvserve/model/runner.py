@@ -42,6 +42,7 @@ from kvserve.kvcache.specs import (
     KVCacheSpec,
     MambaStateSpec,
 )
+from kvserve.lora.slots import LoRASlots
 from kvserve.model.attention.step_metadata import check_backend, step_metadata
 from kvserve.model.checkpoint.tokenizer import load_tokenizer
 from kvserve.model.chunk_check import check_chunk
@@ -88,6 +89,8 @@ class ModelRunner:
         warmup: bool = True,
         enforce_eager: bool = False,
         draft_model: str | Path | None = None,
+        max_loras: int = 0,
+        max_cpu_loras: int = 0,
     ) -> None:
         """`num_threads` (CPU only, process-wide): default $OMP_NUM_THREADS, else one per
         physical core this process may use (kvserve.model.threads says why).
@@ -99,7 +102,8 @@ class ModelRunner:
         (kvserve.model.memory.warmup). On CUDA with the "triton" backend decode steps replay CUDA
         graphs captured at start unless `enforce_eager` (kvserve.model.attention.decode_graphs).
         `draft_model`: speculative decoding's draft checkpoint, loaded before the pool is
-        sized, whose K/V takes its share of every block (kvserve.model.draft_model)."""
+        sized, whose K/V takes its share of every block (kvserve.model.draft_model).
+        `max_loras` > 0: LoRA adapters per row, that many in a step (kvserve.lora)."""
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.model_dir = Path(model_dir)
@@ -119,6 +123,11 @@ class ModelRunner:
         model, self.config = load_model(self.model_dir, self.dtype, self.device, quantization)
         self.model: DecoderForCausalLM | None = model
         """None once released."""
+        self.lora = (  # kvserve.lora: each row with its own adapter
+            LoRASlots(model, self.config, max_loras, max_cpu_loras, self.dtype, self.device)
+            if max_loras
+            else None
+        )
         self.hash_block_size = block_size
         self.layer_groups: GroupLayout = group_layers(
             layer_kv_specs(self.config, block_size, self.dtype)
@@ -197,6 +206,7 @@ class ModelRunner:
             and not enforce_eager
             and not self.state_groups
             and self.model.CUDA_GRAPHS
+            and self.lora is None
         ):
             from kvserve.model.attention.decode_graphs import DecodeGraphs
 
@@ -272,6 +282,8 @@ class ModelRunner:
             graphs = self.decode_graphs
             hidden = None if graphs is None else graphs.forward(chunks)
             if hidden is None:
+                if self.lora is not None:
+                    self.lora.prepare(chunks)
                 group_metas = step_metadata(
                     chunks, self.kv_cache_specs, self.block_size, device, self.attention_backend
                 )

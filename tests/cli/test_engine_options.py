@@ -131,7 +131,7 @@ def test_generate_hands_the_engine_args_to_llm(monkeypatch, capsys):
         def get_tokenizer(self):
             return object()  # text prompts are allowed
 
-        def generate(self, prompts, params, use_tqdm, on_finished):
+        def generate(self, prompts, params, use_tqdm, on_finished, lora_request=None):
             seen["sampling_seed"] = params.seed
             raise ValueError("stop here")
 
