@@ -80,7 +80,7 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 PACKED_DTYPE_WHY = (
     "packed layers compute in bfloat16 (torch's int8/int4 kernels vectorize only bfloat16, "
-    "with AVX2 too; their float32 path is 8-40x slower)"
+    "with AVX2 too; float32 inputs take a scalar path, 7-36x slower)"
 )
 """Why `quantization` keeps its matmuls in bfloat16 even without native bfloat16
 (docs/quantization.md has the measurement)."""

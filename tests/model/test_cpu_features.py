@@ -151,7 +151,7 @@ def test_packed_layers_compute_in_bfloat16_on_every_cpu(
     checkpoints, monkeypatch, caplog, flags, mode
 ):
     """torch's int8/int4 CPU kernels vectorize bfloat16 inputs (with AVX2 too) and run
-    float32 ones on a scalar path 8-40x slower (docs/quantization.md): the packed matmuls
+    float32 ones on a scalar path 7-36x slower (docs/quantization.md): the packed matmuls
     stay bfloat16 without native bfloat16, around a float32 model, and the log says why."""
     runner = start(checkpoints["llama"].path, monkeypatch, caplog, flags, quantization=mode)
     assert runner.dtype == torch.float32

@@ -2,9 +2,10 @@
 which dtype is fast on it (no torch needed, so the benchmarks' headers can say it too).
 
 Without native bfloat16 instructions (AVX-512 BF16 or AMX; most laptops, AMD before Zen
-4, Intel before Cooper Lake) a bfloat16 matmul is emulated through float32 and runs many
-times slower than float32 itself, so `--dtype auto` and the load log need to know
-(kvserve.model.device). Linux: /proc/cpuinfo's flags; elsewhere torch's own checks.
+4, Intel Xeons before Sapphire Rapids but Cooper Lake) a bfloat16 matmul is emulated
+through float32 and runs several times slower than float32 itself, so `--dtype auto`
+and the load log need to know (kvserve.model.device). Linux: /proc/cpuinfo's flags;
+elsewhere torch's own checks.
 
 `KVSERVE_CPU_FEATURES` overrides the flags (tests, or to see what kvserve would choose on
 another CPU): names from FEATURES separated by spaces or commas, or `none`; e.g.
