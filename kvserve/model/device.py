@@ -58,6 +58,16 @@ CPU_FLOAT16_WARNING = (
 )
 
 
+def cpu_float16_warning(cpu: CpuFeatures) -> str:
+    """float16's warning: bfloat16 is the advice only where this CPU runs it natively."""
+    if cpu.native_bf16:
+        return CPU_FLOAT16_WARNING
+    return (
+        "dtype float16 on the CPU decodes far slower than float32 (the CPU has few float16 "
+        f"kernels, and this one no native bfloat16 either: {cpu.describe()}): use float32"
+    )
+
+
 def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -80,7 +90,7 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 PACKED_DTYPE_WHY = (
     "packed layers compute in bfloat16 (torch's int8/int4 kernels vectorize only bfloat16, "
-    "with AVX2 too; float32 inputs take a scalar path, 7-36x slower)"
+    "with AVX2 too; float32 inputs take a reference path, 7-36x slower)"
 )
 """Why `quantization` keeps its matmuls in bfloat16 even without native bfloat16
 (docs/quantization.md has the measurement)."""

@@ -49,9 +49,9 @@ from kvserve.model.cpu_kernels.cpu_features import detect as detect_cpu
 from kvserve.model.cpu_kernels.switch import enable_for as enable_cpu_kernels
 from kvserve.model.cpu_malloc import keep_freed_memory
 from kvserve.model.device import (
-    CPU_FLOAT16_WARNING,
     cpu_bfloat16_warning,
     cpu_dtype_reason,
+    cpu_float16_warning,
     default_device,
     resolve_device,
     resolve_dtype,
@@ -118,7 +118,7 @@ class ModelRunner:
         self.dtype = resolve_dtype(dtype, self.device)
         cpu = detect_cpu() if self.device.type == "cpu" else None  # KVSERVE_CPU_FEATURES
         if cpu is not None and self.dtype == torch.float16:
-            logger.warning(CPU_FLOAT16_WARNING)
+            logger.warning(cpu_float16_warning(cpu))
         if cpu is not None and self.dtype == torch.bfloat16 and cpu_bfloat16_warning(cpu):
             logger.warning(cpu_bfloat16_warning(cpu))
         if self.device.type == "cpu":

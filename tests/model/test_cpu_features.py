@@ -20,6 +20,7 @@ from kvserve.model.device import (
     PACKED_DTYPE_WHY,
     cpu_bfloat16_warning,
     cpu_dtype_reason,
+    cpu_float16_warning,
     resolve_dtype,
 )
 from kvserve.model.quant.quant_linear import PackedLinear
@@ -101,11 +102,13 @@ def test_auto_is_float32_on_every_cpu(cpu):
     assert "dtype float32 (auto: exact" in line and fastest in line and "\n" not in line
 
 
-def test_explicit_bfloat16_warns_only_without_native_bfloat16():
+def test_explicit_bfloat16_warns_only_without_native_bfloat16_and_float16_advises_by_cpu():
     assert cpu_bfloat16_warning(NATIVE) == ""
     warning = cpu_bfloat16_warning(AVX2)
     assert "(avx2: no native bfloat16)" in warning and "--dtype float32" in warning
     assert "about 2.5x faster" in warning and "\n" not in warning
+    assert "use bfloat16" in cpu_float16_warning(NATIVE)
+    assert cpu_float16_warning(AVX2).endswith("(avx2: no native bfloat16)): use float32")
     line = cpu_dtype_reason("bfloat16", torch.bfloat16, AVX2, "none")
     assert "dtype bfloat16 (as asked; float32 is about 2.5x faster here)" in line
 
@@ -151,7 +154,7 @@ def test_packed_layers_compute_in_bfloat16_on_every_cpu(
     checkpoints, monkeypatch, caplog, flags, mode
 ):
     """torch's int8/int4 CPU kernels vectorize bfloat16 inputs (with AVX2 too) and run
-    float32 ones on a scalar path 7-36x slower (docs/quantization.md): the packed matmuls
+    float32 ones on a reference path 7-36x slower (docs/quantization.md): the packed matmuls
     stay bfloat16 without native bfloat16, around a float32 model, and the log says why."""
     runner = start(checkpoints["llama"].path, monkeypatch, caplog, flags, quantization=mode)
     assert runner.dtype == torch.float32
