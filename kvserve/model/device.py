@@ -107,6 +107,14 @@ def cpu_bfloat16_warning(cpu: CpuFeatures) -> str:
     )
 
 
+def cpu_dtype_warning(dtype: torch.dtype, cpu: CpuFeatures) -> str:
+    """The one warning an engine of `dtype` on this CPU gets (float16; bfloat16 without
+    native bfloat16), or ""."""
+    if dtype == torch.float16:
+        return cpu_float16_warning(cpu)
+    return cpu_bfloat16_warning(cpu) if dtype == torch.bfloat16 else ""
+
+
 def cpu_dtype_reason(name: str, dtype: torch.dtype, cpu: CpuFeatures, quantization: str) -> str:
     """The start-up line's words on the CPU: the CPU, its features, the dtype and why."""
     chosen = str(dtype).removeprefix("torch.")

@@ -49,9 +49,8 @@ from kvserve.model.cpu_kernels.cpu_features import detect as detect_cpu
 from kvserve.model.cpu_kernels.switch import enable_for as enable_cpu_kernels
 from kvserve.model.cpu_malloc import keep_freed_memory
 from kvserve.model.device import (
-    cpu_bfloat16_warning,
     cpu_dtype_reason,
-    cpu_float16_warning,
+    cpu_dtype_warning,
     default_device,
     resolve_device,
     resolve_dtype,
@@ -117,10 +116,8 @@ class ModelRunner:
         self.attention_backend = check_backend(attention_backend, self.device)
         self.dtype = resolve_dtype(dtype, self.device)
         cpu = detect_cpu() if self.device.type == "cpu" else None  # KVSERVE_CPU_FEATURES
-        if cpu is not None and self.dtype == torch.float16:
-            logger.warning(cpu_float16_warning(cpu))
-        if cpu is not None and self.dtype == torch.bfloat16 and cpu_bfloat16_warning(cpu):
-            logger.warning(cpu_bfloat16_warning(cpu))
+        if cpu is not None and cpu_dtype_warning(self.dtype, cpu):  # float16, bfloat16
+            logger.warning(cpu_dtype_warning(self.dtype, cpu))
         if self.device.type == "cpu":
             torch.set_num_threads(num_threads or default_num_threads())
             keep_freed_memory()
