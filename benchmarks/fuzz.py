@@ -47,20 +47,6 @@ COLUMNS = [
 ]
 
 
-def cpu_line() -> str:
-    model, flags = platform.processor() or platform.machine(), set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    wide = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
-    return f"{model}, {os.cpu_count()} cpus ({' '.join(wide) or 'no AVX2'})"
-
-
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--minutes", type=float, default=60.0, help="how long to fuzz (default 60)")
@@ -80,6 +66,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    from machine import machine_line
     from tqdm import tqdm
 
     from tests.fuzz.campaign import run_campaign
@@ -105,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         refs = References(fuzz_checkpoints(root, archs))
         header = (
-            f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC  {cpu_line()}, Python "
+            f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC  {machine_line()}, Python "
             f"{platform.python_version()}; seed {args.seed}, {args.minutes:g} minutes"
         )
         print(header, flush=True)

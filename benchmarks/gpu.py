@@ -60,6 +60,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import torch
 import transformers
+from machine import machine_line
 
 from kvserve.cli.common import positive
 
@@ -276,7 +277,7 @@ def machine(device: str, results: dict) -> str:
     if device.startswith("cuda"):
         where = f"GPU {torch.cuda.get_device_name(torch.device(device))}"
     else:
-        where = f"CPU {platform.machine()}, {os.cpu_count()} cores"
+        where = f"CPU {machine_line()}"
     return (
         f"{where}; torch {torch.__version__}, transformers {transformers.__version__}, "
         f"Python {platform.python_version()}; torch threads: "

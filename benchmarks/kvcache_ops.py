@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 import platform
 import statistics
 import tempfile
 import time
 from itertools import islice
 from pathlib import Path
+
+from machine import machine_line
 
 from kvserve.kvcache import KVCacheConfig, KVCacheManager
 from kvserve.kvcache.hashing import HASH_FUNCTIONS, BlockHasher
@@ -182,9 +183,7 @@ def main() -> None:
     mooncake = args.mooncake if args.mooncake.is_file() else None
     if mooncake is None:
         print(f"(no Mooncake trace at {args.mooncake}: its row is skipped)")
-    print(
-        f"machine: {platform.machine()}, {os.cpu_count()} cpus, Python {platform.python_version()}"
-    )
+    print(f"machine: {machine_line()}, Python {platform.python_version()}")
     print(f"block size {BLOCK}, pool {POOL:,} blocks, {args.repeat} runs per figure\n")
 
     print(f"{'operation':<44} {'µs (min)':>10} {'µs (median)':>12}")

@@ -28,13 +28,12 @@ MoE would first have to be written as a GGUF file.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
 import time
 from pathlib import Path
 
 import torch
+from machine import load, machine_line
 
 PROMPT_TOKENS = 16
 SHAPE = dict(
@@ -111,10 +110,7 @@ def main() -> None:
     args = parser.parse_args()
     args.dir.mkdir(parents=True, exist_ok=True)
     paths = {kind: build(kind, args.dir) for kind in ("dense", "moe")}
-    print(
-        f"machine: {platform.machine()}, {os.cpu_count()} cpus, torch {torch.__version__}, "
-        f"{args.threads} thread(s), load average {os.getloadavg()[0]:.1f} at start"
-    )
+    print(f"machine: {machine_line(args.threads)} at start, torch {torch.__version__}")
     print(
         f"moe: {EXPERTS} experts, {TOP_K} per token, width {EXPERT_WIDTH}; dense MLP "
         f"{TOP_K * EXPERT_WIDTH}; {args.steps} decode steps x {args.repeat} repeats\n"
@@ -140,7 +136,7 @@ def main() -> None:
                     f"{batch / wall:8.1f} {ratios}",
                     flush=True,
                 )
-    print(f"\nload average {os.getloadavg()[0]:.1f} at the end")
+    print(f"\nload average {load()} at the end")
 
 
 if __name__ == "__main__":

@@ -52,6 +52,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
+from machine import machine_line
 from throughput import MODEL_CONFIG, VOCAB_SIZE, ensure_checkpoint
 
 from kvserve import LLM, SamplingParams
@@ -381,9 +382,9 @@ def main(argv: list[str] | None = None) -> int:
     model = ensure_checkpoint(args.model_dir)
     torch.set_num_threads(args.threads)
     print(
-        f"# {datetime.date.today()} {platform.machine()}, {os.cpu_count()} cores, "
+        f"# {datetime.date.today()} {machine_line(args.threads)}, "
         f"torch {torch.__version__}, python {platform.python_version()}, "
-        f"torch threads {args.threads}, repeat {repeat}{', quick' if args.quick else ''}"
+        f"repeat {repeat}{', quick' if args.quick else ''}"
     )
     print(f"# checkpoint {model}: random Qwen3 (throughput.py), float32, block size {BLOCK_SIZE}\n")
     multi_turn(model, sizes, repeat, args.threads)

@@ -34,6 +34,7 @@ import time
 from collections import defaultdict
 
 from cpu_real import long_prompt, prompts
+from machine import machine_line
 
 KINDS = {
     "GEMM": ("aten::mm", "aten::addmm", "aten::linear", "aten::bmm", "aten::matmul",
@@ -147,10 +148,8 @@ def main() -> int:
         )  # fmt: skip
         print(json.dumps(r))
         return 0
-    load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
-    print(f"{os.cpu_count()} cpus, {args.threads} threads, quantization {args.quantization}, "
-          f"batch {args.batch}, oneDNN packing {'off' if args.no_onednn else 'on'}; "
-          f"load average {load} (1 / 5 / 15 min)")  # fmt: skip
+    print(f"{machine_line(args.threads)} (1 / 5 / 15 min), quantization {args.quantization}, "
+          f"batch {args.batch}, oneDNN packing {'off' if args.no_onednn else 'on'}")  # fmt: skip
     for dtype in args.dtypes:
         off = ["--no-onednn"] if args.no_onednn else []
         cmd = [sys.executable, __file__, "--worker", dtype, "--threads", str(args.threads),

@@ -34,7 +34,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -42,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from machine import cpu
 from serve_load import Conversation, Run, Target, run_rounds, run_workload, summarize
 from serve_load import Workload as LoadWorkload
 from serve_load import multi_turn as chat_workload
@@ -282,7 +282,7 @@ def print_tables(
 ) -> None:
     cpus = os.cpu_count()
     print(
-        f"# {time.strftime('%Y-%m-%d')}, {platform.machine()}, {cpus} cpus, load average "
+        f"# {time.strftime('%Y-%m-%d')}, {cpu()}, {cpus} cpus, load average "
         f"{load_before[0]:.1f} before / {load_after[0]:.1f} after, "
         f"{args.replicas} replicas on {args.nodes} Ray nodes, {args.threads} thread(s) each, "
         f"{Path(args.model).name}; {args.chats} chats x {args.turns} turns (first message "

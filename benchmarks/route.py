@@ -51,9 +51,10 @@ import argparse
 import sys
 
 from kvcache_ops import MOONCAKE
+from machine import machine_line as machine
 from route_live import KVSERVE_CA, VLLM_CA, LiveResult, add_live_args, run_live
 from route_sim import POOL_RULE, SimRow, add_sim_args, run_simulate, sim_table
-from serve import cpu_model, fmt, ratio, table, version
+from serve import fmt, ratio, table, version
 from serve_targets import note
 
 from kvserve.cli.common import positive
@@ -76,11 +77,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def machine_line() -> str:
     import datetime
-    import os
     import platform
 
     return (
-        f"{datetime.date.today()}  {cpu_model()}, {os.cpu_count()} cores, Python "
+        f"{datetime.date.today()}  {machine()}, Python "
         f"{platform.python_version()}, torch {version('torch')}, kvserve {version('kvserve')}"
     )
 

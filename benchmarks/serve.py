@@ -92,7 +92,6 @@ import argparse
 import datetime
 import importlib.metadata
 import json
-import os
 import platform
 import sys
 import tempfile
@@ -100,6 +99,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from machine import machine_line
 from serve_load import Run, Target, Workload, summarize
 from serve_targets import (
     LLAMA,
@@ -248,16 +248,6 @@ def run_llamacpp(
 # -- the report --------------------------------------------------------------------
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def version(package: str) -> str:
     try:
         return importlib.metadata.version(package)
@@ -293,7 +283,7 @@ def print_report(
     if args.request_rate == float("inf"):
         rate = "as fast as concurrency allows"
     print(
-        f"{datetime.date.today()}  {cpu_model()}, {os.cpu_count()} cores, Python "
+        f"{datetime.date.today()}  {machine_line()}, Python "
         f"{platform.python_version()}, torch {version('torch')}, kvserve {version('kvserve')}; "
         f"{model}\n"
     )

@@ -28,7 +28,6 @@ import argparse
 import asyncio
 import json
 import multiprocessing
-import os
 import platform
 import random
 import socket
@@ -41,6 +40,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 import httpx
+from machine import machine_line
 
 VALID_PROMPTS = ["The cache holds", "A block of tokens", "Prefix sharing means", "Hello there"]
 INVALID = [
@@ -353,12 +353,11 @@ def main() -> None:
         side.shutdown()
         proc.terminate()
         proc.wait(30)
-    load = os.getloadavg()
     print(
-        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
+        f"machine: {machine_line()} at the end, Python "
         f"{platform.python_version()}; server --num-threads {args.threads}; "
         f"{args.valid_clients} valid + {args.hostile_clients} hostile clients, "
-        f"{args.minutes:g} min per phase; load average at the end {load[0]:.1f} {load[1]:.1f}"
+        f"{args.minutes:g} min per phase"
     )
     print(
         f"{'phase':10} {'valid req':>9} {'lost':>5} {'p50 s':>7} {'p99 s':>7} "

@@ -45,6 +45,8 @@ import sys
 import time
 from collections.abc import Callable
 
+from machine import machine_line
+
 PARAGRAPH = (
     "The old lighthouse stood at the edge of the harbour for more than a hundred years. "
     "Every evening the keeper climbed the narrow stairs, lit the great lamp and watched "
@@ -215,9 +217,9 @@ def main() -> int:
     }
     load_before = os.getloadavg()
     print(
-        f"{datetime.date.today()}  {platform.machine()}, {os.cpu_count()} cores, "
-        f"Python {platform.python_version()}; SmolLM2-135M-Instruct ({args.weights}), "
-        f"{args.threads} threads; one request at a time, greedy, <= {args.max_tokens} tokens; "
+        f"{datetime.date.today()}  {machine_line(args.threads)}, "
+        f"Python {platform.python_version()}; SmolLM2-135M-Instruct ({args.weights}); "
+        "one request at a time, greedy, <= {args.max_tokens} tokens; "
         f"{args.repeat} timed runs; spec {json.dumps(args.spec)}"
     )
     if args.llama_cpp_worker:  # the llama.cpp rows, alone in this process (see below)

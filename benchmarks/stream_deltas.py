@@ -20,11 +20,12 @@ import argparse
 import asyncio
 import datetime
 import json
-import os
 import platform
 import statistics
 import time
 from collections.abc import Callable
+
+from machine import machine_line
 
 from kvserve.outputs import CompletionOutput, RequestOutput
 from kvserve.sampling_params import SamplingParams
@@ -96,8 +97,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
     print(
-        f"# {datetime.date.today()}, {platform.machine()}, {os.cpu_count()} cpus, "
-        f"load {os.getloadavg()[0]:.1f}, Python {platform.python_version()}; {args.deltas} "
+        f"# {datetime.date.today()}, {machine_line()}, "
+        f"Python {platform.python_version()}; {args.deltas} "
         f"deltas of {args.chars} chars; CPU us per delta by eighth of the stream, "
         f"median of {args.repeat} runs"
     )

@@ -14,10 +14,10 @@ Prints one table and the machine and threads it ran on.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
 import time
+
+from machine import machine_line
 
 import kvserve.model.runner as runner_module
 from kvserve import LLM, SamplingParams
@@ -168,10 +168,8 @@ def main() -> None:
         add_generation_prompt=True,
         tokenize=False,
     )
-    cpu = platform.processor() or platform.machine()
     print(
-        f"machine: {cpu}, {os.cpu_count()} CPUs visible, {args.threads} thread(s), load "
-        f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}; model: {llm.model.description}; "
+        f"machine: {machine_line(args.threads)}; model: {llm.model.description}; "
         f"{args.steps} timed decode steps x {args.repeat} rounds (best median)"
     )
     print(

@@ -65,6 +65,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import torch
 import transformers
+from machine import machine_line
 
 from kvserve import LLM, SamplingParams
 from kvserve.model.demo import default_cache_root
@@ -258,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = ensure_checkpoint(args.model_dir)
     names = list(WORKLOADS) if args.workload == "all" else [args.workload]
     print(
-        f"# {datetime.date.today()} {platform.machine()}, {os.cpu_count()} cores, "
+        f"# {datetime.date.today()} {machine_line()}, "
         f"torch {torch.__version__}, transformers {transformers.__version__}, "
         f"python {platform.python_version()}"
     )

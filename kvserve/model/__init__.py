@@ -22,6 +22,8 @@ The files at the top of this package compose the rooms (no room imports them):
     loader.py       a checkpoint -> the model: reads through checkpoint/, builds the
                     architecture (models/), packs through quant/, fuses projections
     device.py       the device check (cpu, cuda, cuda:N; anything else refused by name)
+                    and the dtype: auto's rule, the CPU's start-up line, bfloat16's
+                    warning on a CPU without native bfloat16
     threads.py      the default CPU thread count (physical cores, affinity, cgroup quota)
                     and which OpenMP runtime the process runs (for the load log)
     cpu_malloc.py   glibc keeps freed memory for the next step (mmap and trim thresholds

@@ -1,5 +1,9 @@
 """Which torch device (and dtype) the engine runs on, checked before anything is loaded.
 
+On the CPU the dtype depends on the CPU too (issue 43): without native bfloat16 (AVX-512
+BF16 or AMX) bfloat16 is emulated and float32 runs about 2.5x faster, so "auto" never
+picks bfloat16 there, an explicit bfloat16 warns, and the start-up line says which.
+
 torch's own errors for a device it cannot use are a parser message listing twenty
 device types ("tpu"), or an assertion deep in its CUDA initialisation ("cuda" on a
 CPU-only build): neither says what to pass instead. kvserve runs on the CPU and on
@@ -9,6 +13,8 @@ CUDA, so those are the names it accepts, and a CUDA device must exist here.
 from __future__ import annotations
 
 import torch
+
+from kvserve.model.cpu_kernels.cpu_features import CpuFeatures
 
 SUPPORTED = "'cpu', 'cuda' or 'cuda:N'"
 
@@ -52,12 +58,26 @@ CPU_FLOAT16_WARNING = (
 )
 
 
+def cpu_float16_warning(cpu: CpuFeatures) -> str:
+    """float16's warning: bfloat16 is the advice only where this CPU runs it natively."""
+    if cpu.native_bf16:
+        return CPU_FLOAT16_WARNING
+    return (
+        "dtype float16 on the CPU decodes far slower than float32 (the CPU has few float16 "
+        f"kernels, and this one no native bfloat16 either: {cpu.describe()}): use float32"
+    )
+
+
 def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """ "auto" is float32 on CPU (exact, and fast enough there) and bfloat16 on CUDA."""
+    """ "auto" is float32 on the CPU and bfloat16 on CUDA (float16 where it has none).
+
+    float32 on every CPU: exact, and on a CPU without native bfloat16 (cpu_dtype_reason)
+    also the fastest, where bfloat16 is emulated through float32.
+    """
     if name == "auto":
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
@@ -66,3 +86,45 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
         return DTYPES[name]
     except KeyError:
         raise ValueError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {name!r}") from None
+
+
+PACKED_DTYPE_WHY = (
+    "packed layers compute in bfloat16 (torch's int8/int4 kernels vectorize only bfloat16, "
+    "with AVX2 too; float32 inputs take a reference path, 7-36x slower)"
+)
+"""Why `quantization` keeps its matmuls in bfloat16 even without native bfloat16
+(docs/quantization.md has the measurement)."""
+
+
+def cpu_bfloat16_warning(cpu: CpuFeatures) -> str:
+    """The warning for an explicit bfloat16 on a CPU that emulates it; "" where it is native."""
+    if cpu.native_bf16:
+        return ""
+    return (
+        f"dtype bfloat16 on a CPU without native bfloat16 ({cpu.describe()}) is emulated "
+        "through float32 and runs slower: --dtype float32 (dtype='float32') is about 2.5x "
+        "faster on such CPUs"
+    )
+
+
+def cpu_dtype_warning(dtype: torch.dtype, cpu: CpuFeatures) -> str:
+    """The one warning an engine of `dtype` on this CPU gets (float16; bfloat16 without
+    native bfloat16), or ""."""
+    if dtype == torch.float16:
+        return cpu_float16_warning(cpu)
+    return cpu_bfloat16_warning(cpu) if dtype == torch.bfloat16 else ""
+
+
+def cpu_dtype_reason(name: str, dtype: torch.dtype, cpu: CpuFeatures, quantization: str) -> str:
+    """The start-up line's words on the CPU: the CPU, its features, the dtype and why."""
+    chosen = str(dtype).removeprefix("torch.")
+    if name != "auto":
+        why = "as asked"
+        if dtype == torch.bfloat16 and not cpu.native_bf16:
+            why += "; float32 is about 2.5x faster here"
+    elif cpu.native_bf16:
+        why = "auto: exact; --dtype bfloat16 runs faster on this CPU"
+    else:
+        why = "auto: exact, and the fastest without native bfloat16"
+    packed = f"; {PACKED_DTYPE_WHY}" if quantization != "none" else ""
+    return f"CPU: {cpu.describe()}; dtype {chosen} ({why}){packed}"

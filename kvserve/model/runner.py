@@ -46,9 +46,16 @@ from kvserve.lora.slots import LoRASlots
 from kvserve.model.attention.step_metadata import check_backend, step_metadata
 from kvserve.model.checkpoint.tokenizer import load_tokenizer
 from kvserve.model.chunk_check import check_chunk
+from kvserve.model.cpu_kernels.cpu_features import detect as detect_cpu
 from kvserve.model.cpu_kernels.switch import enable_for as enable_cpu_kernels
 from kvserve.model.cpu_malloc import keep_freed_memory
-from kvserve.model.device import CPU_FLOAT16_WARNING, default_device, resolve_device, resolve_dtype
+from kvserve.model.device import (
+    cpu_dtype_reason,
+    cpu_dtype_warning,
+    default_device,
+    resolve_device,
+    resolve_dtype,
+)
 from kvserve.model.draft_model import DraftModel
 from kvserve.model.loader import load_model
 from kvserve.model.memory.kv_layout import layer_caches, layer_kv_specs
@@ -112,8 +119,9 @@ class ModelRunner:
         self.device = default_device() if device is None else resolve_device(device)
         self.attention_backend = check_backend(attention_backend, self.device)
         self.dtype = resolve_dtype(dtype, self.device)
-        if self.dtype == torch.float16 and self.device.type == "cpu":
-            logger.warning(CPU_FLOAT16_WARNING)
+        cpu = detect_cpu() if self.device.type == "cpu" else None  # KVSERVE_CPU_FEATURES
+        if cpu is not None and cpu_dtype_warning(self.dtype, cpu):  # float16, bfloat16
+            logger.warning(cpu_dtype_warning(self.dtype, cpu))
         if self.device.type == "cpu":
             torch.set_num_threads(num_threads or default_num_threads())
             keep_freed_memory()
@@ -188,7 +196,8 @@ class ModelRunner:
             str(self.dtype).removeprefix("torch."),
             len(self.kv_cache_specs),
         )
-        if self.device.type == "cpu":  # said once the model loaded: a load error stays one line
+        if cpu is not None:  # said once the model loaded: a load error stays one line
+            logger.info(cpu_dtype_reason(dtype, self.dtype, cpu, quantization))
             kept = ", freed memory kept (glibc)" if keep_freed_memory() else ""
             kernels = enable_cpu_kernels(self.dtype)  # bfloat16 only; the log's words
             threads, runtime = torch.get_num_threads(), openmp_runtime()

@@ -3,6 +3,9 @@
 Compiled by the system C compiler (-march=native, no torch headers: under a second) and
 cached on disk; without a compiler torch's own ops run. Files:
 
+    cpu_features.py the CPU's model and the flags that decide its fast dtype (avx2,
+                    avx512f, avx512_bf16, amx_bf16, VNNI): native bfloat16 or not, from
+                    /proc/cpuinfo or torch; KVSERVE_CPU_FEATURES overrides (no torch import)
     build.py        the compile and its cache (~/.cache/kvserve/kernels, keyed by source,
                     flags, compiler and CPU flags)
     attention.c     bfloat16 attention: paged decode (each row's context read in

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvserve.model.cpu_kernels.cpu_features import cpuinfo_flags_line
+
 FLAGS = ("-O3", "-march=native", "-ffast-math", "-fno-reciprocal-math", "-fopenmp", "-fPIC") + (
     ("-mno-recip",) if platform.machine() in ("x86_64", "AMD64") else ()
 )
@@ -104,20 +106,8 @@ def _key(source: bytes, compiler: str, flags: tuple[str, ...]) -> str:
     except (OSError, subprocess.TimeoutExpired):
         version = compiler
     digest.update(version.encode())
-    digest.update(_cpu_flags().encode())
+    digest.update(cpuinfo_flags_line().encode())  # -march=native's target
     return digest.hexdigest()[:16]
-
-
-def _cpu_flags() -> str:
-    """The CPU's feature flags (-march=native builds for them)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(("flags", "Features")):
-                    return line
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def load(source: Path) -> tuple[ctypes.CDLL | None, Built]:

@@ -48,7 +48,8 @@ QUANTIZATIONS = ("none", "int8", "int4", "gguf")
 INT4_GROUP_SIZE = 32
 """llama.cpp's block: the finest group the CPU kernel accepts (the best accuracy)."""
 KERNEL_DTYPE = torch.bfloat16
-"""What packed layers compute in: torch's CPU int8/int4 kernels are vectorized only here."""
+"""What packed layers compute in: torch's CPU int8/int4 kernels are vectorized only here, on
+an AVX2-only CPU too (no native bfloat16 needed: float32 inputs take a reference path)."""
 
 
 def check_quantization(name: str, device: torch.device) -> None:
