@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -51,6 +52,15 @@ class LoRASlots:
         self._loaded: OrderedDict[str, LoadedAdapter] = OrderedDict()
         """identity -> its weights read and converted, up to max_cpu_loras (and every
         resident one)."""
+
+    @classmethod
+    def for_runner(cls, runner: Any, max_loras: int, max_cpu_loras: int) -> LoRASlots | None:
+        """The slots over a model runner's loaded model; None when `max_loras` is 0."""
+        if not max_loras:
+            return None
+        return cls(
+            runner.model, runner.config, max_loras, max_cpu_loras, runner.dtype, runner.device
+        )
 
     def load(self, adapter: Adapter) -> None:
         """Read and check an adapter (a ValueError names what is wrong), and keep it read."""

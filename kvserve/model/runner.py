@@ -120,9 +120,9 @@ class ModelRunner:
         self.attention_backend = check_backend(attention_backend, self.device)
         self.dtype = resolve_dtype(dtype, self.device)
         cpu = detect_cpu() if self.device.type == "cpu" else None  # KVSERVE_CPU_FEATURES
-        if cpu is not None and cpu_dtype_warning(self.dtype, cpu):  # float16, bfloat16
-            logger.warning(cpu_dtype_warning(self.dtype, cpu))
-        if self.device.type == "cpu":
+        if cpu is not None:
+            if warning := cpu_dtype_warning(self.dtype, cpu):  # float16, bfloat16
+                logger.warning(warning)
             torch.set_num_threads(num_threads or default_num_threads())
             keep_freed_memory()
         self.quantization = quantization
@@ -131,11 +131,7 @@ class ModelRunner:
         model, self.config = load_model(self.model_dir, self.dtype, self.device, quantization)
         self.model: DecoderForCausalLM | None = model
         """None once released."""
-        self.lora = (  # kvserve.lora: each row with its own adapter
-            LoRASlots(model, self.config, max_loras, max_cpu_loras, self.dtype, self.device)
-            if max_loras
-            else None
-        )
+        self.lora = LoRASlots.for_runner(self, max_loras, max_cpu_loras)  # None without
         self.hash_block_size = block_size
         self.layer_groups: GroupLayout = group_layers(
             layer_kv_specs(self.config, block_size, self.dtype)
@@ -185,16 +181,10 @@ class ModelRunner:
                 f"num_blocks must be >= 2 (block 0 is the null block), got {num_blocks}"
             )
         self.num_blocks = num_blocks
+        mib, kind = num_blocks * self.bytes_per_block / 2**20, str(self.dtype)[len("torch.") :]
         logger.info(
-            "KV cache: %d blocks of %d tokens, hash block %d tokens (%.1f MiB) on %s, %s, "
-            "%d group(s)",
-            num_blocks,
-            self.block_size,
-            block_size,
-            num_blocks * self.bytes_per_block / 2**20,
-            self.device,
-            str(self.dtype).removeprefix("torch."),
-            len(self.kv_cache_specs),
+            f"KV cache: {num_blocks} blocks of {self.block_size} tokens, hash block {block_size} "
+            f"tokens ({mib:.1f} MiB) on {self.device}, {kind}, {len(self.kv_cache_specs)} group(s)"
         )
         if cpu is not None:  # said once the model loaded: a load error stays one line
             logger.info(cpu_dtype_reason(dtype, self.dtype, cpu, quantization))
