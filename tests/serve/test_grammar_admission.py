@@ -73,9 +73,16 @@ def test_a_schema_that_accepts_nothing_is_a_400(server, field):
         if field == "guided_json"
         else {field: {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
     )
+    before = computed(server)
     refused(post(server.url, body), field, "accepts no output")
     stream = post(server.url, {**body, "stream": True})
     refused(stream, field, "accepts no output")  # before the stream starts
+    assert computed(server) == before  # failed before its prefill: no token computed
+
+
+def computed(server: Any) -> float:
+    """Tokens the engine computed (prefill and decode), all steps together."""
+    return metric(scrape(server), "kvserve:iteration_tokens_total_sum")
 
 
 TAG = {"type": "structural_tag", "format": {"type": "const_string", "value": "hi"}}
@@ -226,6 +233,18 @@ def test_a_slow_compile_never_holds_another_clients_request(slow_compiles):
     forced.join(timeout=60)
     refused(late[0], "tools", "did not compile within 3s", "--grammar-compile-timeout")
     assert post(url, TOOLS_BODY).status_code == 200  # the server goes on
+
+
+@pytest.mark.slow
+def test_a_compile_past_its_deadline_is_a_400_before_any_prefill(slow_compiles):
+    """The answer names the option; the request never took a prefill step (nor blocks)."""
+    before = computed(slow_compiles)
+    for stream in (False, True):
+        body = {"guided_json": enum(30_000, f"late{stream}"), "stream": stream}
+        says = ("did not compile within 3s", "--grammar-compile-timeout")
+        refused(post(slow_compiles.url, body), "guided_json", *says)
+    assert computed(slow_compiles) == before
+    assert post(slow_compiles.url, {"guided_choice": SMALL}).status_code == 200
 
 
 TOOLS_BODY = {"messages": ASK, "tools": TOOLS, "tool_choice": "required", "max_tokens": 4}

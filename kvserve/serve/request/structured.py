@@ -14,8 +14,9 @@ Only the shape is checked here: a malformed one is a 400 naming the field the
 client sent (`param`), two constraints a 400 naming both. Whether xgrammar can
 compile the schema, regex or grammar is the engine's check when the request
 is added (its ValueError becomes a 400 too: generation/submit.py), or, for the rare
-grammar that fails only in the compile itself, when its first token is chosen
-(the same 400, the first output being awaited before any answer starts).
+grammar that fails only in the compile itself (or past --grammar-compile-timeout),
+when the scheduler would admit it, before its prefill (the same 400, the first
+output being awaited before any answer starts).
 """
 
 from __future__ import annotations
