@@ -53,17 +53,6 @@ def decode_json(raw: bytes | str, what: str = "the request body") -> Any:
     return value
 
 
-def check_json_depth(text: str, what: str) -> None:
-    """A TooDeep for JSON text (a schema sent as a string) nested past MAX_JSON_DEPTH;
-    text that is not JSON is left to whoever reads it next."""
-    try:
-        decode_json(text, what)
-    except TooDeep:
-        raise
-    except LimitError:
-        pass
-
-
 def decode_body(raw: bytes) -> dict[str, Any]:
     """A request body: a JSON object at most MAX_JSON_DEPTH deep."""
     body = decode_json(raw)

@@ -200,6 +200,9 @@ class Scheduler:
             if not ready(req) or not adapter_fits(req, running, self.config.max_loras):
                 deferred.append(waiting.popleft())  # its grammar compiles, or its adapter
                 continue  # waits for a slot: the others go on
+            if req.grammar is not None and (why := req.grammar.failure) is not None:
+                out.reject(waiting.popleft(), why)  # no token can come: no block, no prefill
+                continue
             hit = manager.get_computed_blocks(rid, 0)
             if hit.wait:
                 # It would resume from state this step writes (design.md invariant 8):
@@ -264,20 +267,12 @@ class Scheduler:
         nothing runs, so no block will ever come back for it. Waiting would spin for ever
         on an idle engine: it fails alone, with the reason, and the engine goes on."""
         free, usable = self.manager.num_free_blocks, self.manager.num_usable_blocks
-        log.error(
-            "request %s: no KV blocks for its first chunk on an idle pool (%d of %d free); "
-            "failed instead of waiting for ever",
-            req.request_id,
-            free,
-            usable,
-        )
-        req.error = (
+        why = (
             f"the KV cache could not place this request on an idle pool ({free} of "
             f"{usable} blocks free): an engine fault, reported instead of waiting for ever"
         )
-        req.status = RequestStatus.FINISHED_ERROR
-        self.stats.rejected += 1
-        out.rejected.append(req)
+        log.error("request %s: %s", req.request_id, why)
+        out.reject(req, why)
 
     def _chunk(self, req: Request, computed: int, budget: int) -> int:
         """Tokens to schedule: all that remain, or a budget-sized chunk.
@@ -333,8 +328,9 @@ class Scheduler:
         """
         clock = time.perf_counter
         self.stats.steps += 1
-        finished: list[Request] = list(out.rejected)  # failed by the liveness check
+        finished: list[Request] = list(out.rejected)  # failed before admission
         stats = self.stats
+        stats.rejected += len(out.rejected)
         status: RequestStatus | None
         for chunk in out.chunks:
             req = chunk.request

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvserve.batch import SeqChunk, StepOutput
-from kvserve.engine.request import Request
+from kvserve.engine.request import Request, RequestStatus
 from kvserve.kvcache.manager import KVCacheManager
 
 
@@ -35,6 +35,13 @@ class SchedulerOutput:
     chunks: list[ScheduledChunk] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
     rejected: list[Request] = field(default_factory=list)
+
+    def reject(self, request: Request, why: str) -> None:
+        """`request` fails alone before it takes a block or a step (the scheduler's update
+        finishes it, with `why` as its error): it can never run."""
+        request.error = why
+        request.status = RequestStatus.FINISHED_ERROR
+        self.rejected.append(request)
 
     @property
     def num_batched_tokens(self) -> int:

@@ -9,7 +9,8 @@ them), so its matcher stays as it is; a sequence never loses a token it
 accepted, so no rollback is needed.
 
 A sequence waits for its compile (kvserve.structured.compiler) until its own
-deadline; past it, it is "ready" and fails alone when its row is first filled.
+deadline; past it, or once its compile failed, it is "ready" and fails alone when
+the scheduler would admit it (`failure`), before it takes a KV block or a step.
 It leaves the compile once it has its matcher, fails, or is aborted, so a
 compile nobody waits for any more is cancelled.
 """
@@ -52,6 +53,21 @@ class GrammarState:
         """True once the compile ended or this sequence's deadline passed (the scheduler
         admits the sequence only then)."""
         return self._pending.future.done() or time.monotonic() >= self._deadline
+
+    @property
+    def failure(self) -> str | None:
+        """Why this sequence can never run, once it is `ready`: its compile failed or its
+        deadline passed (`ValueError: structured_outputs: ...`, as a failed row reports
+        it); None while it compiles or once it compiled. The scheduler reads it before it
+        admits the sequence, so a grammar that cannot give a token costs no KV block and
+        no prefill."""
+        if self._matcher is not None or not self.ready:
+            return None
+        try:
+            self.matcher  # noqa: B018 (made now if the compile succeeded: it is needed next)
+        except ValueError as exc:
+            return f"ValueError: {exc}"[:500]
+        return None
 
     def release(self) -> None:
         """This sequence no longer waits for the compile (done, failed or aborted)."""

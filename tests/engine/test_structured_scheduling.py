@@ -149,6 +149,46 @@ def test_a_compile_that_fails_fails_its_request_alone(demo_model):
     assert len(finished["p"].outputs[0].token_ids) == PLAIN.max_tokens
 
 
+def held_request(engine, future: Future, rid: str = "c") -> None:
+    """`rid` added with the JSON constraint, its compile `future` (set by the test)."""
+    engine.grammars.states_for(JSON)  # the compiler exists
+    compiler = engine.grammars.compiler
+    real_submit = compiler.submit
+    compiler.submit = lambda spec: Pending(spec.key, future)
+    try:
+        engine.add_request(rid, LONG, JSON)
+    finally:
+        compiler.submit = real_submit
+
+
+def run_alone(engine) -> dict:
+    finished = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                finished[out.request_id] = out
+    return finished
+
+
+@pytest.mark.parametrize("how", ["failed", "timed-out"])
+def test_a_failed_compile_fails_its_request_before_any_block_or_prefill(demo_model, how):
+    """Its grammar can never give it a token: it fails when it would be admitted, with the
+    error a failed row gave (the server's 400), and never takes a KV block or a prefill."""
+    llm = make(demo_model, grammar_compile_timeout=0.3)
+    future: Future = Future()  # timed out: never done
+    if how == "failed":
+        future.set_exception(RuntimeError("compile blew up"))
+    held_request(llm.engine, future)
+    finished = run_alone(llm.engine)
+    assert finished["c"].outputs[0].finish_reason == "error"
+    said = {"failed": "failed to compile: compile blew up", "timed-out": "within 0.3s"}[how]
+    assert finished["c"].error.startswith("ValueError: structured_outputs: the grammar")
+    assert said in finished["c"].error
+    stats = llm.stats()
+    assert stats["prefill_tokens_computed"] == 0 and stats["peak_blocks_used"] == 0
+    llm.generate(["tell me"], PLAIN)  # the engine goes on
+
+
 @pytest.fixture(scope="module")
 def padded_model(demo_model, tmp_path_factory) -> str:
     """The demo checkpoint with 64 padding rows in its (tied) embeddings, made loud: a plain

@@ -4,6 +4,8 @@ replicas' app and the request router see `/v1/...` wherever the application is m
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from kvserve.ray.asgi import app_path, forwarded_scope
@@ -68,3 +70,7 @@ def test_the_request_router_does_not_tokenize_what_the_replicas_refuse():
     chat = {"path": "/v1/chat/completions", "method": "POST"}
     long_chat = b'{"messages": [{"role": "user", "content": "' + b"y" * 3201 + b'"}]}'
     assert _forwarded([chat, long_chat], limits) is None
+    many = json.dumps({"prompt": ["hi"] * 257}).encode()  # MAX_BATCH_PROMPTS + 1
+    assert _forwarded([scope, many], limits) is None
+    deep = b'{"prompt": "hi", "user": ' + b'{"a": ' * 40 + b"1" + b"}" * 41
+    assert _forwarded([scope, deep], limits) is None

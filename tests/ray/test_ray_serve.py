@@ -12,6 +12,7 @@ import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import pytest
 
 from benchmarks.serve_load import Target, multi_turn, run_rounds
@@ -121,6 +122,38 @@ def test_chats_land_where_their_history_is_and_hit_as_predicted(served, ray_clus
     finally:
         llm.shutdown()
     assert [t[1] for turns in log for t in turns] == expected
+
+
+def test_a_hostile_request_is_the_replicas_400_and_the_next_is_answered(served, demo):
+    """Through Serve's proxy, the ingress and the request router: what the replicas refuse
+    unread (kvserve.request_limits) the router does not tokenize either, and the client
+    gets the replica's 400 in OpenAI's body, naming the field; the server goes on."""
+    limits = httpx.get(f"{served.url}/kv-metadata", timeout=30).json()["limits"]
+    deep: object = "x"
+    for _ in range(40):
+        deep = {"a": deep}
+    too_long = "y" * (limits["max_prompt_chars"] + 1)
+    refused = [
+        ("completions", {"prompt": ["hi"] * (limits["max_batch_prompts"] + 1)}, "prompt",
+         "at most 256 prompts"),
+        ("completions", {"prompt": "hi", "user": deep}, None, "nests deeper than 32"),
+        ("completions", {"prompt": too_long}, "prompt", "longer than any prompt"),
+        ("chat/completions", {"messages": [{"role": "user", "content": too_long}]},
+         "messages", "longer than any prompt"),
+        ("completions", {"prompt": "hi", "n": limits["max_n"] + 1}, "n", "--max-n"),
+    ]  # fmt: skip
+    started = time.monotonic()
+    for path, body, param, says in refused:
+        answer = httpx.post(f"{served.url}/v1/{path}", json={"model": demo, **body}, timeout=30)
+        assert answer.status_code == 400, answer.text[:300]
+        error = answer.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}, error
+        assert error["type"] == "invalid_request_error" and error["param"] == param, error
+        assert says in error["message"], error
+    assert time.monotonic() - started < 10  # none tokenized, on the router or a replica
+    body = {"model": demo, "prompt": "Once upon a time", "max_tokens": 4, "temperature": 0}
+    answer = httpx.post(f"{served.url}/v1/completions", json=body, timeout=60)
+    assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 4
 
 
 def _engine_actors(app: str) -> dict[str, object]:

@@ -1,6 +1,7 @@
 """Constraints a hostile client sends, against a real server: sizes past the limits are
 400s naming the field and the option, answered before any compile (a compile of what they
-send would take minutes); a grammar that accepts nothing is a 400; a huge in-limit enum
+send would take minutes); a malformed one (text that is not JSON, the wrong shape) is a 400
+naming its field; a grammar that accepts nothing is a 400; a huge in-limit enum
 whose client leaves does not hold another client's small `guided_choice`, and one past
 --grammar-compile-timeout is a 400 naming it (`tool_choice: required` included)."""
 
@@ -17,6 +18,7 @@ import pytest
 
 from kvserve.serve.http.limits import ServeLimits
 from tests.serve.conftest import metric, scrape, start_server, stop_server
+from tests.serve.test_errors import error_of, still_serves
 from tests.serve.test_tool_calls import ASK, TOOLS
 
 LIMITS = ServeLimits()
@@ -71,9 +73,68 @@ def test_a_schema_that_accepts_nothing_is_a_400(server, field):
         if field == "guided_json"
         else {field: {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
     )
+    before = computed(server)
     refused(post(server.url, body), field, "accepts no output")
     stream = post(server.url, {**body, "stream": True})
     refused(stream, field, "accepts no output")  # before the stream starts
+    assert computed(server) == before  # failed before its prefill: no token computed
+
+
+def computed(server: Any) -> float:
+    """Tokens the engine computed (prefill and decode), all steps together."""
+    return metric(scrape(server), "kvserve:iteration_tokens_total_sum")
+
+
+TAG = {"type": "structural_tag", "format": {"type": "const_string", "value": "hi"}}
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "says"),
+    [
+        ({"structured_outputs": {"structural_tag": "not json"}},
+         "structured_outputs", "structured_outputs.structural_tag is not valid JSON"),
+        ({"structured_outputs": {"structural_tag": "[" * 40 + "]" * 40}},
+         "structured_outputs", "nests deeper than 32"),
+        ({"structured_outputs": {"structural_tag": [TAG]}},
+         "structured_outputs", "structural_tag must be a dict or a string"),
+        ({"structured_outputs": {"structural_tag": 7}},
+         "structured_outputs", "structural_tag must be a dict or a string"),
+        ({"structured_outputs": {"structural_tag": "[1, 2]"}},
+         "structured_outputs", "structural_tag must be an object with a format"),
+        ({"structured_outputs": {"structural_tag": {"type": "structural_tag"}}},
+         "structured_outputs", "structural_tag must be an object with a format"),
+        ({"structured_outputs": {"json": "{not json"}},
+         "structured_outputs", "structured_outputs.json is not valid JSON"),
+        ({"guided_json": "not json"}, "guided_json", "guided_json is not valid JSON"),
+        ({"guided_json": "[1]"}, "guided_json", "guided_json must be a JSON schema"),
+        ({"guided_json": '{"a": ' * 40 + "1" + "}" * 40}, "guided_json", "nests deeper than 32"),
+        ({"response_format": {"type": "json_schema", "json_schema": {
+            "name": "x", "schema": '{"type": "object"}'}}},
+         "response_format", "response_format.json_schema.schema must be a JSON schema"),
+    ],
+    ids=["tag-not-json", "tag-deep", "tag-list", "tag-number", "tag-json-list", "tag-no-format",
+         "json-not-json", "guided-not-json", "guided-list", "guided-deep", "schema-string"],
+)  # fmt: skip
+@pytest.mark.parametrize("path", ["chat", "completions"])
+def test_a_malformed_constraint_is_a_400_naming_its_field(server, body, param, says, path):
+    """Found by the fuzz test: a structural tag that is not JSON was a 500 (the size check
+    read it unguarded); every other spelling of a malformed constraint is the same 400."""
+    if path == "chat":
+        response = post(server.url, body)
+    else:
+        full = {"model": server.model, "prompt": "hi", "max_tokens": 4, **body}
+        response = httpx.post(f"{server.url}/v1/completions", json=full, timeout=60)
+    error = error_of(response, 400)
+    assert error["param"] == param and says in error["message"], error
+    still_serves(server)
+
+
+def test_a_structural_tag_without_format_beside_tools_is_a_400(tool_server):
+    """Composed with `auto` tools (its format is the answer without calls): read safely."""
+    body = {"messages": ASK, "tools": TOOLS, "structured_outputs": {"structural_tag": "{}"}}
+    refused(post(tool_server.url, body), "structured_outputs", "must be an object with a format")
+    ok = {"messages": ASK, "tools": TOOLS, "structured_outputs": {"structural_tag": TAG}}
+    assert post(tool_server.url, ok).status_code == 200
 
 
 def test_a_dead_end_after_the_first_token_is_a_400_not_a_500(tool_server):
@@ -172,6 +233,18 @@ def test_a_slow_compile_never_holds_another_clients_request(slow_compiles):
     forced.join(timeout=60)
     refused(late[0], "tools", "did not compile within 3s", "--grammar-compile-timeout")
     assert post(url, TOOLS_BODY).status_code == 200  # the server goes on
+
+
+@pytest.mark.slow
+def test_a_compile_past_its_deadline_is_a_400_before_any_prefill(slow_compiles):
+    """The answer names the option; the request never took a prefill step (nor blocks)."""
+    before = computed(slow_compiles)
+    for stream in (False, True):
+        body = {"guided_json": enum(30_000, f"late{stream}"), "stream": stream}
+        says = ("did not compile within 3s", "--grammar-compile-timeout")
+        refused(post(slow_compiles.url, body), "guided_json", *says)
+    assert computed(slow_compiles) == before
+    assert post(slow_compiles.url, {"guided_choice": SMALL}).status_code == 200
 
 
 TOOLS_BODY = {"messages": ASK, "tools": TOOLS, "tool_choice": "required", "max_tokens": 4}

@@ -50,7 +50,10 @@ def check_grammar(params: SamplingParams, source: str | None, limits: ServeLimit
     if kind == "choice":
         values = len(spec.choice or ())
     elif kind in ("json", "structural_tag"):
-        values = _values(json.loads(text))
+        try:  # request/structured.py read the client's text already: this is ours, or that
+            values = _values(json.loads(text))
+        except (ValueError, RecursionError):
+            raise APIError(f"{name}: the constraint is not valid JSON", param=name) from None
     else:
         return
     if values > limits.max_grammar_values:

@@ -14,15 +14,16 @@ Only the shape is checked here: a malformed one is a 400 naming the field the
 client sent (`param`), two constraints a 400 naming both. Whether xgrammar can
 compile the schema, regex or grammar is the engine's check when the request
 is added (its ValueError becomes a 400 too: generation/submit.py), or, for the rare
-grammar that fails only in the compile itself, when its first token is chosen
-(the same 400, the first output being awaited before any answer starts).
+grammar that fails only in the compile itself (or past --grammar-compile-timeout),
+when the scheduler would admit it, before its prefill (the same 400, the first
+output being awaited before any answer starts).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from kvserve.request_limits import LimitError, check_json_depth
+from kvserve.request_limits import LimitError, decode_json
 from kvserve.sampling_params import CONSTRAINTS, StructuredOutputsParams
 from kvserve.serve.http.errors import APIError
 
@@ -60,16 +61,38 @@ def structured_outputs(body: dict[str, Any]) -> tuple[StructuredOutputsParams, s
             f"one structured-output constraint per request; got {names}", param=found[1][0]
         )
     name, kwargs = found[0]
-    for text in (kwargs.get("json"), kwargs.get("structural_tag")):
-        if isinstance(text, str):  # JSON in a string: read as the body is, at most 32 deep
-            try:
-                check_json_depth(text, name)
-            except LimitError as exc:
-                raise APIError(exc.message, param=name) from None
+    _check_json_shapes(name, kwargs)
     try:
         return StructuredOutputsParams(**kwargs), name
     except (ValueError, TypeError) as exc:
         raise APIError(_as_sent(str(exc), name, kwargs), param=name) from None
+
+
+def _check_json_shapes(name: str, kwargs: dict[str, Any]) -> None:
+    """A schema or structural tag is JSON of the shape its readers take (the size check,
+    the tools' composition, the compile): a schema an object or a boolean, a tag an object
+    with a `format` object. Text is read as the body is, at most 32 deep. Checked here,
+    before anything reads it, so each is a 400 in the client's words, never a 500."""
+    for key in ("json", "structural_tag"):
+        value = kwargs.get(key)
+        if not isinstance(value, str | dict):
+            continue  # absent, or a type StructuredOutputsParams names
+        where = name if name in GUIDED else f"{name}.{key}"
+        if isinstance(value, str):
+            try:
+                value = decode_json(value, where)
+            except LimitError as exc:
+                raise APIError(exc.message[:300], param=name) from None
+        if key == "json" and not isinstance(value, dict | bool):
+            raise APIError(f"{where} must be a JSON schema (an object)", param=name)
+        if key == "structural_tag" and not (
+            isinstance(value, dict) and isinstance(value.get("format"), dict)
+        ):
+            raise APIError(
+                f"{where} must be an object with a format (an object), as xgrammar's "
+                "structural tags are",
+                param=name,
+            )
 
 
 def _response_format(value: Any) -> dict[str, Any] | None:
