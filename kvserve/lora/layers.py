@@ -108,15 +108,15 @@ def attach_lora(
                 if not isinstance(base, nn.Module) or isinstance(base, LoRAProjection):
                     continue
                 names = fused.get(attr, (attr,))
-                if attr in fused and not all(n in widths for n in names):
-                    continue
                 out = _out_features(base)
                 parts = [(n, widths[n]) for n in names] if attr in fused else [(attr, out)]
-                if sum(w for _, w in parts) != out:
+                if out < 0 or sum(w for _, w in parts) != out:
                     continue  # not the layout this wrapper assumes: left without adapters
                 wrapper = LoRAProjection(base, parts, batch)
+                if attr in fused:  # Phi-3 stores it fused and PEFT targets it so
+                    wrapper.part_offsets[attr] = (0, out)
                 setattr(owner, attr, wrapper)
-                for name in names:
+                for name in (*names, attr) if attr in fused else names:
                     found[(index, name)] = wrapper
     return found
 

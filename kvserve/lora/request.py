@@ -18,7 +18,10 @@ CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 PICKLED_WEIGHTS = ("adapter_model.bin", "adapter_model.pt")
 
-SUPPORTED_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+SUPPORTED_TARGETS = (
+    *("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+    *("qkv_proj", "gate_up_proj"),  # Phi-3's, stored fused
+)
 """PEFT's names for the attention and MLP projections of the dense families."""
 
 UNSUPPORTED_OPTIONS = {

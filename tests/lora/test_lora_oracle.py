@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from kvserve import LLM, LoRARequest, SamplingParams
-from tests.lora.conftest import two_adapters
+from tests.lora.conftest import make_adapter, two_adapters
 
 NEW = 8
 PROMPTS = [[3, 17, 29, 41, 5, 8, 13], [7, 7, 9, 22, 31], [3, 17, 29, 41, 5, 8, 13], [50, 2, 4]]
@@ -68,3 +68,31 @@ def test_other_families_mixed_batches(arch, checkpoints, gemma3_checkpoint, tmp_
               max_loras=2)  # fmt: skip
     names = ["all", "attn", None, "all"]
     assert run(llm, adapters, PROMPTS, names) == expected(ck, adapters, PROMPTS, names)
+
+
+def test_phi3_fused_projections_take_their_adapters(dense_checkpoints, tmp_path):
+    """Phi-3 stores q/k/v and gate/up fused; PEFT targets qkv_proj and gate_up_proj."""
+    ck = dense_checkpoints["phi3"]
+    targets = ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]
+    adapters = {"all": make_adapter(ck, tmp_path / "phi3", seed=3, targets=targets)}
+    llm = LLM(ck.path, block_size=4, dtype="float32", num_threads=1, enable_lora=True,
+              num_kv_blocks=64, max_loras=1)  # fmt: skip
+    names = ["all", None, "all"]
+    want = expected(ck, adapters, PROMPTS[:3], names)
+    assert want[0] != ck.reference(PROMPTS[0], NEW)
+    assert run(llm, adapters, PROMPTS[:3], names) == want
+
+
+def test_a_mixture_of_experts_takes_attention_adapters(tmp_path_factory, tmp_path):
+    """Qwen3-MoE: adapters on its attention (the experts are not adapted yet)."""
+    from tests.model.moe_checkpoints import moe_checkpoint
+
+    ck = moe_checkpoint(tmp_path_factory, "qwen3_moe")
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    adapters = {"attn": make_adapter(ck, tmp_path / "moe", seed=4, targets=targets)}
+    llm = LLM(ck.path, block_size=4, dtype="float32", num_threads=1, enable_lora=True,
+              num_kv_blocks=64, max_loras=1)  # fmt: skip
+    names = ["attn", None]
+    want = expected(ck, adapters, PROMPTS[:2], names)
+    assert want[0] != ck.reference(PROMPTS[0], NEW)
+    assert run(llm, adapters, PROMPTS[:2], names) == want
