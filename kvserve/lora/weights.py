@@ -57,8 +57,8 @@ def load_adapter_weights(
         lora_a, lora_b = pair["A"], pair["B"]
         projection = projections[(layer, module)]
         _, width = projection.part_offsets[module]
-        in_features = _in_features(projection)
-        want_a, want_b = (adapter.rank, in_features), (width, adapter.rank)
+        fan_in = in_features(projection)
+        want_a, want_b = (adapter.rank, fan_in), (width, adapter.rank)
         if tuple(lora_a.shape) != want_a or tuple(lora_b.shape) != want_b:
             raise ValueError(
                 f"{where}: {module} of layer {layer} has lora_A {tuple(lora_a.shape)} and "
@@ -74,7 +74,8 @@ def load_adapter_weights(
     return loaded
 
 
-def _in_features(projection: LoRAProjection) -> int:
+def in_features(projection: LoRAProjection) -> int:
+    """The width a projection reads (its adapters' lora_A columns)."""
     base = projection.base
     width = getattr(base, "in_features", None)
     if isinstance(width, int):

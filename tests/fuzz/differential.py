@@ -26,10 +26,12 @@ import tempfile
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from kvserve import LLM, SamplingParams
+from kvserve import LLM, LoRARequest, SamplingParams
 from kvserve.kvcache import InvariantError, check_invariants
+from tests.fuzz.adapters import write_adapters
 from tests.fuzz.workloads import FuzzRequest, Workload
 
 STALL_STEPS = 50
@@ -59,6 +61,8 @@ class References:
     def __init__(self, paths: dict[str, str]) -> None:
         self.paths = paths
         self._engines: dict[str, LLM] = {}
+        self._adapters: dict[str, list[str]] = {}
+        self._adapter_root = tempfile.TemporaryDirectory(prefix="kvserve-fuzz-lora-")
         self._done: dict[tuple[str, tuple[Any, ...]], list[int]] = {}
         self._tops: dict[tuple[str, tuple[Any, ...]], list[tuple[float, int, float]]] = {}
         """Per lone run, per position: (its best logprob, that token, the second best)."""
@@ -67,8 +71,18 @@ class References:
         if arch not in self._engines:
             self._engines[arch] = LLM(self.paths[arch], dtype="float32", device="cpu",
                                       num_threads=1, enable_prefix_caching=False,
-                                      block_size=16, num_kv_blocks=256)  # fmt: skip
+                                      block_size=16, num_kv_blocks=256,
+                                      enable_lora=True)  # fmt: skip
         return self._engines[arch]
+
+    def lora(self, arch: str, adapter: int | None) -> LoRARequest | None:
+        """The fuzzer's adapter `adapter` of `arch` (written on first use); None: the base."""
+        if adapter is None:
+            return None
+        if arch not in self._adapters:
+            root = Path(self._adapter_root.name) / arch
+            self._adapters[arch] = write_adapters(self.engine(arch), root)
+        return LoRARequest(f"fuzz-{adapter}", 1 + adapter, self._adapters[arch][adapter])
 
     def num_groups(self, arch: str) -> int:
         return len(self.engine(arch).engine.runner.kv_cache_specs)
@@ -76,14 +90,16 @@ class References:
     def tokens(self, arch: str, request: FuzzRequest, index: int) -> list[int]:
         key = (arch, request.key(index))
         if key not in self._done:
-            prompt, max_tokens, seed = key[1]
+            prompt, max_tokens, seed, adapter = key[1]
             params = SamplingParams(
                 temperature=0.0 if seed is None else 1.0,
                 seed=seed,
                 max_tokens=max_tokens,
                 logprobs=2,  # the best two (reading them changes no draw)
             )
-            out = self.engine(arch).generate([list(prompt)], params, use_tqdm=False)
+            lora = self.lora(arch, adapter)
+            out = self.engine(arch).generate([list(prompt)], params, use_tqdm=False,
+                                             lora_request=lora)  # fmt: skip
             completion = out[0].outputs[0]
             self._done[key] = list(completion.token_ids)
             self._tops[key] = [_best_two(top) for top in completion.logprobs or ()]
@@ -179,7 +195,10 @@ def _drive(
         for i, request in enumerate(requests):
             if request.arrival == step:
                 try:
-                    engine.add_request(str(i), list(request.prompt), _params(request))
+                    lora = references.lora(workload.arch, request.adapter)
+                    engine.add_request(
+                        str(i), list(request.prompt), _params(request), lora_request=lora
+                    )
                     live.add(i)
                 except ValueError as exc:  # it can never fit this pool: refused, as it must
                     counts["refused"] += 1

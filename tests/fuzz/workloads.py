@@ -6,7 +6,8 @@ from a few shared prefixes (and identical prompts), `n` > 1 with seeds that
 make one completion of an `n` request continue exactly as another request
 does, arrivals spread over steps, aborts, and a pool sized around the
 largest request so that requests are preempted and cached blocks evicted,
-with chunked prefill, the CPU and disk tiers and speculative decoding.
+with chunked prefill, the CPU and disk tiers, speculative decoding and LoRA
+adapters (two, and the base model, in one batch).
 """
 
 from __future__ import annotations
@@ -37,11 +38,14 @@ class FuzzRequest:
     """The engine step it is added before."""
     abort_at: int | None = None
     """The engine step it is aborted before (never compared if it had not finished)."""
+    adapter: int | None = None
+    """Which of the fuzzer's LoRA adapters it runs with (tests/fuzz/adapters.py); None:
+    the base model."""
 
     def key(self, index: int) -> tuple[Any, ...]:
         """What its completion `index` depends on alone (the reference cache's key)."""
         seed = None if self.seed is None else self.seed + index
-        return (tuple(self.prompt), self.max_tokens, seed)
+        return (tuple(self.prompt), self.max_tokens, seed, self.adapter)
 
 
 @dataclass
@@ -75,6 +79,7 @@ def _cycle(rng: random.Random, length: int) -> list[int]:
 def random_workload(rng: random.Random, arch: str, num_groups: int) -> Workload:
     """A workload for `arch`, whose pool has `num_groups` KV cache groups."""
     seed = rng.randrange(2**31)
+    lora = rng.random() < 0.25
     bs = rng.choice([2, 4, 4, 8, 16])
     speculative = arch not in STATE and rng.random() < 0.3
     make = _cycle if speculative and rng.random() < 0.7 else _tokens
@@ -96,6 +101,7 @@ def random_workload(rng: random.Random, arch: str, num_groups: int) -> Workload:
                 seed=rng.choice([7, 11]) if seeded else None,
                 arrival=rng.choice([0, 0, 0, rng.randint(1, 30)]),
                 abort_at=rng.randint(1, 40) if rng.random() < 0.12 else None,
+                adapter=rng.choice([None, 0, 1]) if lora else None,
             )
         )
     longest = max(len(r.prompt) + r.max_tokens for r in requests)
@@ -108,6 +114,8 @@ def random_workload(rng: random.Random, arch: str, num_groups: int) -> Workload:
         "max_num_batched_tokens": rng.choice([4, 8, 16, 32, 2048]),
         "max_num_seqs": rng.choice([2, 4, 8, 16]),
     }
+    if lora:
+        options.update(enable_lora=True, max_loras=rng.choice([1, 2]))
     tier = rng.random()
     if tier < 0.2:
         options["offload"] = "cpu:4MiB"
