@@ -6,6 +6,7 @@ and unload at run time (a running request keeps its adapter), lora_requests_info
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -218,6 +219,12 @@ def test_bad_loads_and_unloads_are_400s_and_the_server_keeps_serving(setup, clie
     (pickled / "adapter_model.bin").write_bytes(b"x")
     error = error_of(setup.post(load, {"lora_name": "x", "lora_path": str(pickled)}), 400)
     assert "pickle" in error["message"]
+    fifo = tmp_path / "fifo"  # its config a FIFO: refused unread (reading would block)
+    fifo.mkdir()
+    (fifo / "adapter_model.safetensors").write_bytes(b"x")
+    os.mkfifo(fifo / "adapter_config.json")
+    error = error_of(setup.post(load, {"lora_name": "x", "lora_path": str(fifo)}), 400)
+    assert "not a regular file" in error["message"]
     path = setup.adapters["adapter-a"].path
     error = error_of(setup.post(load, {"lora_name": "adapter-a", "lora_path": path}), 400)
     assert "already served" in error["message"]
