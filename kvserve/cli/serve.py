@@ -23,6 +23,7 @@ from kvserve.serve.responses_api.store import RESPONSES_STORE_MB, RESPONSES_STOR
 from kvserve.tool_calls.registry import PARSERS
 
 if TYPE_CHECKING:
+    from kvserve.serve.http.adapters import AdapterModule
     from kvserve.serve.http.limits import ServeLimits
 
 API_KEY_ENV = "KVSERVE_API_KEY"
@@ -123,6 +124,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="split chat answers into message.reasoning_content and content at the model's "
         "<think>...</think> (vLLM's names); structured outputs start after the reasoning",
     )
+    s.add_argument(
+        "--lora-modules",
+        nargs="+",
+        metavar="NAME=DIR",
+        help="LoRA adapters (PEFT directories) served by name, each NAME=DIR or vLLM's JSON "
+        '\'{"name": ..., "path": ...}\': a request\'s model picks one; turns on --enable-lora '
+        "(which alone serves none until POST /v1/load_lora_adapter)",
+    )
     add_limit_options(p.add_argument_group("limits (each client's; README: Serving, Limits)"))
     add_engine_options(p.add_argument_group("engine (kvserve.engine.engine_args.EngineArgs)"))
     p.set_defaults(func=run)
@@ -183,6 +192,25 @@ def limits_from(args: argparse.Namespace) -> ServeLimits:
     )
 
 
+def lora_modules(texts: list[str] | None, max_lora_rank: int) -> list[AdapterModule]:
+    """`--lora-modules` read, and each adapter's files checked before the engine is built
+    (the base model's shapes are checked once it is): a ValueError naming the bad one."""
+    from kvserve.lora.request import LoRARequest, resolve_adapter
+    from kvserve.serve.http.adapters import parse_lora_module
+
+    modules = [parse_lora_module(text) for text in texts or []]
+    seen: set[str] = set()
+    for module in modules:
+        if module.name in seen:
+            raise ValueError(f"--lora-modules: the name {module.name!r} is given twice")
+        seen.add(module.name)
+        try:
+            resolve_adapter(LoRARequest(module.name, 1, module.path), max_lora_rank)
+        except ValueError as exc:
+            raise ValueError(f"--lora-modules: {exc}") from None
+    return modules
+
+
 def model_from(args: argparse.Namespace) -> str | None:
     """MODEL or --model (both given, they must agree)."""
     if args.model_arg is not None and args.model is not None and args.model_arg != args.model:
@@ -199,12 +227,14 @@ def run(args: argparse.Namespace) -> int:
     if not args.responses_store_mb >= 0:
         raise ValueError(f"--responses-store-mb must be >= 0, got {args.responses_store_mb}")
     engine_args = engine_args_from(args)
-    if engine_args.enable_lora:
-        raise ValueError(
-            "--enable-lora: the server does not serve LoRA adapters yet (the request's model "
-            "picking one); use kvserve generate --lora or LLM(enable_lora=True)"
-        )
+    args.lora_modules = lora_modules(args.lora_modules, engine_args.max_lora_rank)
+    engine_args.enable_lora = engine_args.enable_lora or bool(args.lora_modules)
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    if args.data_parallel_size > 1 and engine_args.enable_lora:
+        raise ValueError(
+            "--enable-lora with --data-parallel-size: the router does not route LoRA adapters "
+            "yet; run one `kvserve serve --enable-lora` per engine"
+        )
     if args.data_parallel_size > 1:  # the parent runs no engine: children do, a router fronts
         from kvserve.cli.data_parallel import run_data_parallel
 

@@ -44,6 +44,12 @@ class AdapterRegistry:
         self._known[key] = (stamp, adapter)
         return adapter
 
+    def forget(self, name: str) -> None:
+        """Drop what is remembered under `name` (a server unloaded it): names a server loads
+        and unloads at run time do not pile up here."""
+        for key in [k for k in self._known if k[0] == name]:
+            del self._known[key]
+
 
 def _stamp(path: Path) -> tuple[int, ...]:
     stamp: list[int] = []

@@ -17,6 +17,8 @@ from typing import Any
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 PICKLED_WEIGHTS = ("adapter_model.bin", "adapter_model.pt")
+MAX_CONFIG_BYTES = 1 << 20
+"""PEFT writes a few hundred bytes; a larger config is no adapter's."""
 
 SUPPORTED_TARGETS = (
     *("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
@@ -89,8 +91,15 @@ def resolve_adapter(request: LoRARequest, max_lora_rank: int) -> Adapter:
                 "run code when loaded (convert it with safetensors)"
             )
         raise ValueError(f"{where}: no {WEIGHTS_FILE}")
+    config_path = path / CONFIG_FILE
+    if not config_path.exists():
+        raise ValueError(f"{where}: no {CONFIG_FILE}")
+    if not config_path.is_file():  # a FIFO would block the reader (the server's engine thread)
+        raise ValueError(f"{where}: {CONFIG_FILE} is not a regular file")
+    if config_path.stat().st_size > MAX_CONFIG_BYTES:
+        raise ValueError(f"{where}: {CONFIG_FILE} is over {MAX_CONFIG_BYTES} bytes")
     try:
-        config = json.loads((path / CONFIG_FILE).read_text())
+        config = json.loads(config_path.read_text())
     except FileNotFoundError:
         raise ValueError(f"{where}: no {CONFIG_FILE}") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:

@@ -2,8 +2,9 @@
 
 Each API's handlers live in their own room (openai/: chat, completions,
 embeddings, /tokenize and /detokenize; responses_api/ and messages_api/ over the
-same chat path, generation/); this file wires them up with /v1/models,
-/health, /metrics, /version, /kv-metadata and /openapi.json.
+same chat path, generation/; openai/adapters.py: loading and unloading LoRA
+adapters); this file wires them up with /v1/models, /health, /metrics,
+/version, /kv-metadata and /openapi.json.
 With an API key every route but /health and /metrics wants `Authorization:
 Bearer KEY` or, as Anthropic's clients send it, `x-api-key: KEY` (compared in
 constant time), so a load balancer can probe and scrape a protected server.
@@ -27,7 +28,7 @@ from kvserve.serve.http.limits import BodyLimits
 from kvserve.serve.http.openapi import openapi_document
 from kvserve.serve.messages_api import routes as messages_api
 from kvserve.serve.messages_api.output import error_body as anthropic_error
-from kvserve.serve.openai import chat, completions, embeddings, tokens
+from kvserve.serve.openai import adapters, chat, completions, embeddings, tokens
 from kvserve.serve.responses_api import routes as responses_api
 from kvserve.serve.state import ServerState
 from kvserve.version import version as installed_version
@@ -70,7 +71,9 @@ def create_app(state: ServerState) -> FastAPI:
         """Hashing, groups and event endpoints, for a router (behind the key: it is no probe)."""
         if state.kv_metadata is None:
             raise APIError("this server has no KV metadata", 404)
-        return state.kv_metadata
+        if state.adapters is None:
+            return state.kv_metadata
+        return {**state.kv_metadata, "lora_adapters": state.adapters.metadata()}
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -80,9 +83,23 @@ def create_app(state: ServerState) -> FastAPI:
             "created": 0,
             "owned_by": "kvserve",
             "root": state.description,
+            "parent": None,
             "max_model_len": state.max_model_len,
         }
-        return {"object": "list", "data": [card]}
+        served = [] if state.adapters is None else state.adapters.served()
+        cards = [
+            {**card, "id": a.request.lora_name, "root": a.request.lora_path, "parent": a.parent}
+            for a in served
+        ]  # vLLM's cards for its LoRA modules
+        return {"object": "list", "data": [card, *cards]}
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(request: Request) -> Response:
+        return await adapters.load_adapter(request, state)
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(request: Request) -> Response:
+        return await adapters.unload_adapter(request, state)
 
     @app.post("/v1/completions")
     async def create_completion(request: Request) -> Any:

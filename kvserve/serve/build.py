@@ -15,6 +15,7 @@ from fastapi import FastAPI
 from kvserve.engine.engine_args import EngineArgs
 from kvserve.llm import LLM
 from kvserve.serve.app import create_app
+from kvserve.serve.http.adapters import AdapterModule, ServedAdapters
 from kvserve.serve.http.engine_thread import EngineThread
 from kvserve.serve.http.kv_metadata import kv_metadata_body
 from kvserve.serve.http.limits import ServeLimits
@@ -55,6 +56,11 @@ def build_served_engine(
     built, not started; `on_death(reason)` runs on it if it dies."""
     llm = LLM(args.model, **dataclasses.asdict(engine_args))
     name = args.served_model_name or args.model or "SmolLM2-135M-Instruct"
+    try:
+        adapters = served_adapters(llm, name, getattr(args, "lora_modules", None) or [])
+    except ValueError:
+        llm.shutdown()
+        raise
     metrics = ServerMetrics(args.metrics_prefix, name, cache_config_info(llm.engine))
     observer = EngineObserver(metrics)
     observer.refresh(llm.engine)
@@ -75,8 +81,27 @@ def build_served_engine(
         tool_call_parser=args.tool_call_parser,
         pooling=args.pooling,
         reasoning_parser=args.reasoning_parser,
+        adapters=adapters,
     )
     assert state.kv_metadata is not None
     reported = state.tokens.prompt_limits(state.max_n, limits.max_tools)
     state.kv_metadata["limits"] = reported.as_dict()
     return ServedEngine(llm, engine, state)
+
+
+def served_adapters(llm: LLM, name: str, modules: list[AdapterModule]) -> ServedAdapters | None:
+    """`--lora-modules` resolved before the socket opens (the engine thread is not running
+    yet): a bad one is a ValueError naming it; None without enable_lora."""
+    loras = llm.engine.loras
+    if loras is None:
+        return None
+    adapters = ServedAdapters(name)
+    for module in modules:
+        try:
+            lora = adapters.reserve(module.name, module.path)
+            adapter = loras.resolve(lora)
+        except ValueError as exc:
+            raise ValueError(f"--lora-modules: {exc}") from None
+        adapters.add(lora, adapter.identity, module.base_model_name)
+        log.info("LoRA adapter %r: %s (%s)", module.name, module.path, adapter.identity[:24])
+    return adapters

@@ -1,4 +1,4 @@
-"""What every handler shares: the engine thread, the served name, the key, the limits.
+"""What every handler shares: the engine thread, the served names, the key, the limits.
 
 Owned by the event loop: the counters here (`queued`, `draining`) change only
 on it, and so does the log of ignored fields: they need no lock.
@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvserve.lora.request import LoRARequest
+from kvserve.serve.http.adapters import ServedAdapters
 from kvserve.serve.http.engine_thread import EngineThread
 from kvserve.serve.http.errors import APIError
 from kvserve.serve.http.limits import ServeLimits
@@ -61,6 +63,8 @@ class ServerState:
     """`--tool-call-parser` (None: the chat template's family, else hermes)."""
     tool_parser: ToolParser | None = None
     """How this checkpoint's tool calls are written and read (tool_calls.registry)."""
+    adapters: ServedAdapters | None = None
+    """The LoRA adapters served by name (`--enable-lora`); None: the base model alone."""
 
     def __post_init__(self) -> None:
         if self.tokenizer is None:
@@ -96,18 +100,31 @@ class ServerState:
         """Serving: not draining, and the engine thread alive."""
         return not self.draining and self.engine.dead is None
 
-    def check_model(self, name: object) -> None:
-        """A request may leave `model` out; naming another model is a 404, as OpenAI answers."""
+    def check_model(self, name: object) -> LoRARequest | None:
+        """The adapter a request's `model` names (None: the base model, or `model` left out);
+        naming a model not served is a 404, as OpenAI answers."""
         if name is None or name == self.served_name:
-            return
+            return None
         if not isinstance(name, str):
             raise APIError("model must be a string", param="model")
+        served = None if self.adapters is None else self.adapters.get(name)
+        if served is not None:
+            return served.request
+        names = ", ".join(repr(n) for n in self.model_names()[:20])
         raise APIError(
-            f"the model {name!r} does not exist; this server serves {self.served_name!r}",
+            f"the model {name[:200]!r} does not exist; this server serves {names}",
             404,
             param="model",
             code="model_not_found",
         )
+
+    def model_names(self) -> list[str]:
+        """The base model's served name, then each adapter's."""
+        return [self.served_name, *([] if self.adapters is None else self.adapters.names())]
+
+    def answer_name(self, name: object) -> str:
+        """The `model` an answer carries: the name the client asked for (checked), as vLLM."""
+        return name if isinstance(name, str) and name else self.served_name
 
     def check_admission(self, num_requests: int = 1) -> None:
         """A 503 (with Retry-After) while draining, or when the wait queue is full."""

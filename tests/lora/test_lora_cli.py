@@ -1,5 +1,5 @@
 """`kvserve generate --lora NAME=DIR`: every prompt with the adapter, peft's text; a bad
-option is one line; `kvserve serve --enable-lora` says the server does not serve them yet."""
+option (of generate's --lora, of serve's --lora-modules) is one line, exit 2."""
 
 from __future__ import annotations
 
@@ -38,4 +38,20 @@ def test_bad_lora_options_are_one_line(checkpoints, tmp_path):
     common = ("generate", "--model", ck.path, *SMALL, *quiet, "--prompt-token-ids", str(PROMPT))
     one_line_error(kvserve(*common, "--lora", "no-equals-sign"), "--lora", "NAME=DIR")
     one_line_error(kvserve(*common, "--lora", f"x={tmp_path / 'none'}"), "not a directory")
-    one_line_error(kvserve("serve", "--model", ck.path, "--enable-lora"), "--enable-lora")
+
+
+def test_bad_lora_modules_are_one_line_before_the_engine_is_built(demo_path, tmp_path):
+    serve = ("serve", "--model", demo_path, "--port", "0", "--log-level", "warning")
+    one_line_error(kvserve(*serve, "--lora-modules", "no-equals"), "--lora-modules", "NAME=DIR")
+    missing = f"gone={tmp_path / 'none'}"
+    one_line_error(
+        kvserve(*serve, "--lora-modules", missing), "--lora-modules", "'gone'", "not a directory"
+    )
+    one_line_error(kvserve(*serve, "--lora-modules", '{"name": "j"}'), "--lora-modules", "path")
+    adapter = make_adapter(_Base(demo_path), tmp_path / "ok", seed=1)
+    twice = (f"x={adapter.path}", f"x={adapter.path}")
+    one_line_error(kvserve(*serve, "--lora-modules", *twice), "'x'", "twice")
+    big = make_adapter(_Base(demo_path), tmp_path / "big", seed=2, rank=32)
+    one_line_error(kvserve(*serve, "--lora-modules", f"big={big.path}"), "'big'", "max_lora_rank")
+    dp = ("--data-parallel-size", "2", "--lora-modules", f"x={adapter.path}")
+    one_line_error(kvserve(*serve, *dp), "--data-parallel-size", "--enable-lora")

@@ -10,7 +10,7 @@ from pathlib import Path
 from kvserve.serve.app import create_app
 from kvserve.serve.http.tokenizer_worker import TokenizerWorker
 from kvserve.serve.messages_api import request as messages
-from kvserve.serve.openai import embeddings
+from kvserve.serve.openai import adapters, embeddings
 from kvserve.serve.request import fields, protocol
 from kvserve.serve.responses_api import request as responses
 from kvserve.serve.state import ServerState
@@ -41,6 +41,8 @@ EXPECTED = {
     "POST /v1/embeddings": (embeddings.SERVED, NONE, set(embeddings.REFUSED), "ignored, named"),
     "POST /tokenize": (protocol.TOKENIZE_FIELDS, NONE, NONE, "400"),
     "POST /detokenize": (protocol.DETOKENIZE_FIELDS, NONE, NONE, "400"),
+    "POST /v1/load_lora_adapter": (adapters.LOAD_FIELDS, NONE, NONE, "400"),
+    "POST /v1/unload_lora_adapter": (adapters.UNLOAD_FIELDS, NONE, NONE, "400"),
 }
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from kvserve.lora.request import LoRARequest
 from kvserve.sampling_params import SamplingParams
 from kvserve.serve.http.admission import request_priority
 from kvserve.serve.http.errors import APIError
@@ -36,13 +37,17 @@ class ChatPrompt:
     """Chat with tools: the answer is read for tool calls."""
     reasoning: ChatReasoning | None = None
     """Chat with --reasoning-parser: the answer is split into reasoning and content."""
+    lora: LoRARequest | None = None
+    """The LoRA adapter `model` named (None: the base model)."""
+    model: str = ""
+    """The name the answer carries: the one the client asked for."""
 
 
 async def chat_prompt(state: ServerState, body: dict[str, Any]) -> ChatPrompt:
     """The one place a chat body becomes a prompt and SamplingParams (the Responses and
     Messages APIs translate their bodies into chat bodies and come here too)."""
     ignored = note_ignored(body, state, chat=True)
-    state.check_model(body.get("model"))
+    lora = state.check_model(body.get("model"))
     messages = protocol.chat_messages(body)
     context = state.max_request_tokens
     default = protocol.DEFAULT_MAX_TOKENS if context is None else context
@@ -75,7 +80,8 @@ async def chat_prompt(state: ServerState, body: dict[str, Any]) -> ChatPrompt:
         params = protocol.with_max_tokens(params, context - len(ids))
     echo = messages[-1]["content"] if messages[-1]["role"] == "assistant" else ""
     tool_parser = parser if tool_request is not None and tool_request.parses else None
-    return ChatPrompt(ids, params, echo, ignored, tool_parser, reasoning)
+    model = state.answer_name(body.get("model"))
+    return ChatPrompt(ids, params, echo, ignored, tool_parser, reasoning, lora, model)
 
 
 def note_ignored(body: dict[str, Any], state: ServerState, chat: bool) -> list[str]:

@@ -21,6 +21,7 @@ from typing import Any
 
 from fastapi import Request
 
+from kvserve.lora.request import LoRARequest
 from kvserve.sampling_params import SamplingParams
 from kvserve.serve.generation.job import Job, Part
 from kvserve.serve.generation.prompts import ChatPrompt
@@ -45,7 +46,7 @@ async def start_chat(
     ids, parser = prompt.ids, prompt.tool_parser
     return await start(
         state, body, prompt.params, [ids], [ids], True, prompt.echo, parser, prompt.reasoning,
-        request,
+        request, prompt.lora,
     )  # fmt: skip
 
 
@@ -60,17 +61,19 @@ async def start(
     tool_parser: ToolParser | None = None,
     reasoning: ChatReasoning | None = None,
     request: Request | None = None,
+    lora: LoRARequest | None = None,
 ) -> Job:
     """`prompts` as given (echo shows them), `prompt_ids` what the engine runs; `chat_echo`:
     what chat's echo puts first; `tool_parser`: chat with tools, whose output is read for
-    tool calls."""
+    tool calls; `lora`: the adapter `model` named (state.check_model), which every prompt
+    runs with."""
     options = protocol.response_options(body, chat=chat)
     cache_salt = protocol.cache_salt(body)
     state.check_admission(len(prompts))
     job = Job(
         request_id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
         chat=chat,
-        model=state.served_name,
+        model=state.answer_name(body.get("model")),
         created=int(time.time()),
         n=params.n,
         options=options,
@@ -84,7 +87,7 @@ async def start(
     for i, ids in enumerate(prompt_ids):  # one client request: admitted round-robin with others
         engine_id = job.request_id if len(prompts) == 1 else f"{job.request_id}-{i}"
         job.parts[engine_id] = Part(index=i, prompt_tokens=len(ids))
-        submission = Submission(engine_id, ids, params, cache_salt, job.request_id, priority)
+        submission = Submission(engine_id, ids, params, cache_salt, job.request_id, priority, lora)
         state.engine.submit(submission, job.outputs)
     constraint = structured.structured_outputs(body)
     source = "tools" if tool_parser is not None else None

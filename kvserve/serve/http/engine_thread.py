@@ -19,6 +19,7 @@ supervisor restarts it.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import gc
 import logging
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvserve.engine.llm_engine import LLMEngine
+from kvserve.lora.request import Adapter, LoRARequest
 from kvserve.outputs import RequestOutput
 from kvserve.pooling_params import PoolingParams
 from kvserve.sampling_params import SamplingParams
@@ -52,6 +54,8 @@ class Submission:
     """The client request it is part of (a batch's prompts share one): the engine admits
     round-robin between client requests. None: the request itself."""
     priority: int = 0
+    lora: LoRARequest | None = None
+    """The LoRA adapter the request's `model` named; None: the base model."""
 
 
 def freeze_heap() -> None:
@@ -139,6 +143,22 @@ class EngineThread:
         in one command, logged as one line under `name`."""
         self._commands.put(("abort_many", (name, request_ids)))
 
+    def load_adapter(self, request: LoRARequest) -> asyncio.Future[Adapter]:
+        """Resolve an adapter on the engine thread (its files read, its weights checked and
+        kept loaded): its Adapter, or the ValueError naming what is wrong."""
+        future: concurrent.futures.Future[Adapter] = concurrent.futures.Future()
+        if self.dead is not None:
+            future.set_exception(EngineDead(f"the engine is dead ({self.dead})"))
+        else:
+            self._commands.put(("load_lora", (request, future)))
+            if self.dead is not None:
+                self._fail_commands()
+        return asyncio.wrap_future(future)
+
+    def forget_adapter(self, name: str) -> None:
+        """Drop what the engine remembers of an unloaded name (running requests keep theirs)."""
+        self._commands.put(("forget_lora", name))
+
     def abort_all(self) -> None:
         """Abort every running request; each stream gets `ServerStopping` (shutdown)."""
         self._commands.put(("abort_all", None))
@@ -177,6 +197,8 @@ class EngineThread:
             error = EngineDead(f"the engine is dead ({self.dead})")
             if kind == "add":
                 _send(payload[2], error)
+            elif kind == "load_lora" and not payload[1].done():
+                payload[1].set_exception(error)
 
     def _loop(self) -> None:
         while not self._stopping:
@@ -213,6 +235,7 @@ class EngineThread:
                     cache_salt=request.cache_salt,
                     client_id=request.client_id,
                     priority=request.priority,
+                    lora_request=request.lora,
                 )
             except (ValueError, TypeError) as exc:
                 if observer is not None:
@@ -236,11 +259,28 @@ class EngineThread:
             if gone:
                 count = "" if len(request_ids) == 1 else f": {len(gone)} engine requests"
                 log.info("request %s aborted (client disconnected)%s", name, count)
+        elif kind == "load_lora":
+            self._load_adapter(*payload)
+        elif kind == "forget_lora" and self.engine.loras is not None:
+            self.engine.loras.forget(payload)
         elif kind == "abort_all":
             for request_id, stream in list(self._streams.items()):
                 self._abort(request_id)
                 _send(stream, ServerStopping("the server is shutting down"))
             self._streams.clear()
+
+    def _load_adapter(self, request: LoRARequest, future: concurrent.futures.Future[Any]) -> None:
+        """A bad adapter fails its load alone (a ValueError), as a bad request fails alone."""
+        loras = self.engine.loras
+        try:
+            if loras is None:
+                raise ValueError("this engine has no LoRA adapters (--enable-lora)")
+            future.set_result(loras.resolve(request))
+        except (ValueError, OSError) as exc:
+            future.set_exception(ValueError(str(exc)))
+        except Exception as exc:  # a bug in loading this one adapter: it alone fails
+            log.exception("LoRA adapter %s could not be loaded", request.lora_name)
+            future.set_exception(RuntimeError(f"internal error: {type(exc).__name__}"))
 
     def _abort(self, request_id: str) -> None:
         n = self.engine.num_completions(request_id)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -25,6 +25,7 @@ from kvserve.outputs import RequestOutput
 
 if TYPE_CHECKING:
     from kvserve.engine.llm_engine import LLMEngine
+    from kvserve.engine.request import Request
 
 PREFIXES = ("kvserve", "vllm")
 REASONS = ("stop", "length", "abort")
@@ -57,6 +58,19 @@ class EngineSnapshot:
     spec_decode: tuple[int, int, int, tuple[int, ...]] | None = None
     """Speculative decoding's (drafts, draft tokens, accepted tokens, accepted per
     position) since start; None when the engine does not speculate."""
+    lora: LoRAInfo | None = None
+    """The adapters running and waiting; None without enable_lora."""
+
+
+@dataclass(slots=True, frozen=True)
+class LoRAInfo:
+    """vLLM's `lora_requests_info` labels: the adapters in the batch and in the queue
+    (comma-joined names), read between steps; its value is when (a Unix time), as vLLM's."""
+
+    max_lora: int
+    running: str
+    waiting: str
+    when: float
 
 
 @dataclass(slots=True, frozen=True)
@@ -201,6 +215,15 @@ class _StateCollector(Collector):
             yield dropped
         if snap.spec_decode is not None:
             yield from _spec_decode_families(p, self.model_name, snap.spec_decode)
+        if snap.lora is not None:
+            lora = GaugeMetricFamily(
+                f"{p}:lora_requests_info",
+                "Running stats on LoRA requests: the adapters running and waiting (labels).",
+                labels=["max_lora", "running_lora_adapters", "waiting_lora_adapters"],
+            )
+            lora.add_metric([str(snap.lora.max_lora), snap.lora.running, snap.lora.waiting],
+                            snap.lora.when)  # fmt: skip
+            yield lora
         cache = self.cache
         info = GaugeMetricFamily(
             f"{p}:cache_config_info",
@@ -294,7 +317,25 @@ class EngineObserver:
             finished=tuple(sorted(self._finished.items())),
             dropped_writes=_dropped_writes(engine),
             spec_decode=_spec_decode(engine),
+            lora=_lora_info(engine),
         )
+
+
+def _lora_info(engine: LLMEngine) -> LoRAInfo | None:
+    """The adapters of the running and waiting requests, by name (each once, in order)."""
+    if engine.loras is None:
+        return None
+    scheduler = engine.scheduler
+
+    def names(requests: Iterable[Request]) -> str:
+        return ",".join(dict.fromkeys(r.lora.name for r in requests if r.lora is not None))
+
+    return LoRAInfo(
+        max_lora=scheduler.config.max_loras or 0,
+        running=names(scheduler.running),
+        waiting=names(scheduler.waiting),
+        when=time.time(),
+    )
 
 
 def _spec_decode(engine: LLMEngine) -> tuple[int, int, int, tuple[int, ...]] | None:

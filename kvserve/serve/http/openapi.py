@@ -307,6 +307,21 @@ BODIES["/v1/messages/count_tokens"] = {
     "additionalProperties": False,
 }
 """The Responses and Messages APIs (their errors on /v1/messages are Anthropic's body)."""
+_NAME = {"type": "string", "minLength": 1, "maxLength": 4096}
+BODIES["/v1/load_lora_adapter"] = {
+    "type": "object",
+    "required": ["lora_name", "lora_path"],
+    "properties": {"lora_name": _NAME, "lora_path": _NAME},
+    "additionalProperties": False,
+}
+BODIES["/v1/unload_lora_adapter"] = {
+    "type": "object",
+    "required": ["lora_name"],
+    "properties": {"lora_name": _NAME, "lora_int_id": {"type": "integer"}},
+    "additionalProperties": False,
+}
+"""vLLM's run-time LoRA routes (--enable-lora; a 404 without it): plain text on success;
+`model` on every route above names the base model or a served adapter."""
 GETS = ("/health", "/metrics", "/version", "/v1/models", "/kv-metadata")
 _ERROR = {
     "description": "OpenAI's error body",

@@ -47,7 +47,7 @@ async def _create(request: Request, state: ServerState) -> Any:
     job = await submit.start_chat(state, chat, prompt, request)
     state.ignored_log.note(ignored)
     headers = fields.header([*ignored, *prompt.ignored])
-    shape = MessageShape(new_id("msg"), state.served_name, chat.get("stop") or [])
+    shape = MessageShape(new_id("msg"), prompt.model, chat.get("stop") or [])
     if job.options.stream:
         events = _events(job, state, shape)
         return StreamingResponse(events, media_type="text/event-stream", headers=headers)

@@ -28,7 +28,7 @@ from kvserve.serve.state import ServerState
 async def completions(request: Request, state: ServerState) -> Any:
     body = protocol.parse_json(await request.body())
     ignored = note_ignored(body, state, chat=False)
-    state.check_model(body.get("model"))
+    lora = state.check_model(body.get("model"))
     prompts = protocol.completion_prompts(body)
     params = protocol.sampling_params(body, chat=False, max_n=state.max_n)
     constraint = structured.structured_outputs(body)
@@ -44,7 +44,9 @@ async def completions(request: Request, state: ServerState) -> Any:
 
     async def tokenized_start() -> Job:  # a client that leaves meanwhile cancels it
         ids = [p if isinstance(p, list) else await tokens.encode(p) for p in prompts]
-        return await start(state, body, params, prompts, ids, chat=False, request=request)
+        return await start(
+            state, body, params, prompts, ids, chat=False, request=request, lora=lora
+        )
 
     job = await until_disconnected(request, tokenized_start())
     return await answer(request, state, job, fields.header(ignored))

@@ -28,6 +28,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
+from kvserve.lora.request import LoRARequest
 from kvserve.outputs import RequestOutput
 from kvserve.pooling_params import PoolingParams
 from kvserve.prompt_fields import is_token_ids
@@ -51,7 +52,7 @@ ENCODINGS = ("float", "base64")
 async def embeddings(request: Request, state: ServerState) -> Any:
     body = protocol.parse_json(await request.body())
     ignored = _ignored(body, state)
-    state.check_model(body.get("model"))
+    lora = state.check_model(body.get("model"))
     inputs = embedding_inputs(body.get("input"))
     encoding = body.get("encoding_format") or "float"
     if encoding not in ENCODINGS:
@@ -67,7 +68,7 @@ async def embeddings(request: Request, state: ServerState) -> Any:
     priority = request_priority(body, state.scheduling_policy)
     _check_inputs(state, inputs)
     state.check_admission(len(inputs))
-    ids, outputs = await until_disconnected(request, _embed(state, inputs, special, priority))
+    ids, outputs = await until_disconnected(request, _embed(state, inputs, special, priority, lora))
     data = [
         {"object": "embedding", "index": i, "embedding": _encoded(out.embedding, encoding)}
         for i, out in enumerate(outputs)
@@ -76,7 +77,7 @@ async def embeddings(request: Request, state: ServerState) -> Any:
     answer = {
         "object": "list",
         "data": data,
-        "model": state.served_name,
+        "model": state.answer_name(body.get("model")),
         "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
     }
     return JSONResponse(answer, headers=fields.header(ignored))
@@ -133,11 +134,16 @@ def _check_inputs(state: ServerState, inputs: list[str | list[int]]) -> None:
 
 
 async def _embed(
-    state: ServerState, inputs: list[str | list[int]], special: bool, priority: int
+    state: ServerState,
+    inputs: list[str | list[int]],
+    special: bool,
+    priority: int,
+    lora: LoRARequest | None,
 ) -> tuple[list[list[int]], list[RequestOutput]]:
-    """Tokenize, then pool: the work a client that leaves cancels (until_disconnected)."""
+    """Tokenize, then pool (with the adapter `model` named, if any): the work a client that
+    leaves cancels (until_disconnected)."""
     ids = await _token_ids(state, inputs, special)
-    return ids, await _pool(state, ids, priority)
+    return ids, await _pool(state, ids, priority, lora)
 
 
 async def _token_ids(
@@ -158,7 +164,9 @@ async def _token_ids(
     return ids
 
 
-async def _pool(state: ServerState, ids: list[list[int]], priority: int) -> list[RequestOutput]:
+async def _pool(
+    state: ServerState, ids: list[list[int]], priority: int, lora: LoRARequest | None
+) -> list[RequestOutput]:
     """One pooling request per input on the engine thread, all one client request to the
     scheduler; their outputs in input order. A refusal is a 400, an engine failure a 500;
     leaving early (this coroutine cancelled) aborts what still runs."""
@@ -167,7 +175,9 @@ async def _pool(state: ServerState, ids: list[list[int]], priority: int) -> list
     params = PoolingParams(state.pooling)
     order = {f"{base}-{i}": i for i in range(len(ids))}
     for engine_id, i in order.items():
-        submission = Submission(engine_id, ids[i], params, client_id=base, priority=priority)
+        submission = Submission(
+            engine_id, ids[i], params, client_id=base, priority=priority, lora=lora
+        )
         state.engine.submit(submission, queue)
     done: dict[str, RequestOutput] = {}
     state.queued += len(order)

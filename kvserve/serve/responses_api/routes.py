@@ -43,7 +43,7 @@ async def create(request: Request, state: ServerState) -> Any:
         job = await submit.start_chat(state, translated.chat, prompt, request)
     state.ignored_log.note(translated.ignored)
     headers = fields.header([*translated.ignored, *prompt.ignored])
-    shape = ResponseShape(new_id("resp"), int(time.time()), state.served_name, body)
+    shape = ResponseShape(new_id("resp"), int(time.time()), prompt.model, body)
     if job.options.stream:
         events = _events(job, state, shape, translated, keep)
         return StreamingResponse(events, media_type="text/event-stream", headers=headers)
