@@ -59,7 +59,7 @@ from kvserve.ray.book import ViewStats
 from kvserve.request_limits import LimitError, PromptLimits, decode_body
 from kvserve.router.follower import EventFollower
 from kvserve.router.limits import check_request, loosest
-from kvserve.router.prompts import Endpoint, extra_keys, prompt_token_ids
+from kvserve.router.prompts import Endpoint, adapter_identities, extra_keys, prompt_token_ids
 from kvserve.router.replicas import event_source
 from kvserve.routing import Policy, ReplicaLoad, make_policy
 
@@ -211,6 +211,11 @@ class KVServeRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         if forwarded is None or not self.followed:
             return None
         endpoint, body = forwarded
+        infos = [f.info for f in self.followed.values()]
+        served = infos[0].get("served_model_name")
+        extra = extra_keys(body, served, adapter_identities(infos))
+        if extra is None:
+            return None  # an adapter this router does not know: no prediction
         synced_future = self.follower.sync()  # the round trip overlaps the tokenizer
         loop = asyncio.get_running_loop()
         prompts = await loop.run_in_executor(self.pool, self._prompts, endpoint, body)
@@ -220,9 +225,7 @@ class KVServeRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         longest = limits.max_model_len if limits is not None else None
         if longest is not None and any(len(p) >= longest for p in prompts):
             return None  # the replica refuses it: nothing to match
-        by_index = await asyncio.wrap_future(
-            self.follower.predict(prompts, extra_keys(body), synced)
-        )
+        by_index = await asyncio.wrap_future(self.follower.predict(prompts, extra, synced))
         self._uncount(request.metadata.internal_request_id)  # a choice made again
         hits: list[int | None] = []
         loads: list[ReplicaLoad] = []

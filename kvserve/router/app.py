@@ -38,7 +38,7 @@ from kvserve.router import health
 from kvserve.router.errors import error, install_error_handlers
 from kvserve.router.forward import GONE_STATUS, ClientGone, Prediction, forward, unless_gone
 from kvserve.router.limits import check_request, read_body
-from kvserve.router.prompts import Endpoint, extra_keys, prompt_token_ids
+from kvserve.router.prompts import Endpoint, adapter_identities, extra_keys, prompt_token_ids
 from kvserve.router.replicas import headers
 from kvserve.router.state import SHORT_BODY_BYTES, RouterState
 from kvserve.version import version as installed
@@ -162,6 +162,10 @@ async def _predict(state: RouterState, endpoint: Endpoint, body: Any, size: int)
     when a prompt is longer than the replicas take (matching is bounded by their limits),
     or when it is long (`size` bytes) and another long one is being tokenized.
     An embedding's answer reports no cached tokens: its hit steers, and is not checked."""
+    infos = [r.info for r in state.replicas]
+    extra = extra_keys(body, infos[0].get("served_model_name"), adapter_identities(infos))
+    if extra is None:
+        return Prediction()  # an adapter the router does not know: routed by load
     if size <= SHORT_BODY_BYTES:
         thread, tokenizer = state.tokenizer_thread, state.tokenizer
     elif state.long_lane_free():
@@ -190,7 +194,7 @@ async def _predict(state: RouterState, endpoint: Endpoint, body: Any, size: int)
     try:
         synced = await asyncio.wait_for(sync, PREDICT_TIMEOUT_SECONDS)
         hits = await asyncio.wait_for(
-            asyncio.wrap_future(state.follower.predict(prompts, extra_keys(body), synced)),
+            asyncio.wrap_future(state.follower.predict(prompts, extra, synced)),
             PREDICT_TIMEOUT_SECONDS,
         )
     except TimeoutError:

@@ -15,6 +15,7 @@ prediction: it is forwarded all the same, and the replica answers it
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 from kvserve.chat_template import offered_tools, openai_messages, render, template_kwargs
@@ -45,10 +46,35 @@ def prompt_token_ids(tokenizer: Any, endpoint: Endpoint, body: Any) -> list[list
         return None
 
 
-def extra_keys(body: Any) -> dict[str, str | None]:
-    """What the engine mixes into a request's block hashes besides its tokens."""
-    salt = body.get("cache_salt") if isinstance(body, dict) else None
-    return {"lora_name": None, "cache_salt": salt if isinstance(salt, str) and salt else None}
+def extra_keys(
+    body: Any, served_name: Any, adapters: Mapping[str, str]
+) -> dict[str, str | None] | None:
+    """What the engine mixes into a request's block hashes besides its tokens: the cache
+    salt, and the content identity of the LoRA adapter its `model` names (`adapters`:
+    name -> identity, `adapter_identities`). None for a model the router cannot hash
+    for (an adapter loaded after it read the replicas): no prediction, never a guess."""
+    if not isinstance(body, dict):
+        return {"lora_name": None, "cache_salt": None}
+    salt = body.get("cache_salt")
+    model = body.get("model")
+    lora = None
+    if model is not None and model != served_name:
+        if not isinstance(model, str) or model not in adapters:
+            return None
+        lora = adapters[model]
+    return {"lora_name": lora, "cache_salt": salt if isinstance(salt, str) and salt else None}
+
+
+def adapter_identities(infos: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """Adapter name -> content identity, from the replicas' /kv-metadata `lora_adapters`:
+    the names every replica that lists them lists with one identity (a name two replicas
+    hold with different weights gets no prediction)."""
+    seen: dict[str, set[str]] = {}
+    for info in infos:
+        for entry in info.get("lora_adapters") or ():
+            if isinstance(entry, dict) and isinstance(entry.get("name"), str):
+                seen.setdefault(entry["name"], set()).add(str(entry.get("identity")))
+    return {name: next(iter(ids)) for name, ids in seen.items() if len(ids) == 1}
 
 
 def _completion_prompts(

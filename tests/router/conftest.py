@@ -40,11 +40,15 @@ def events_config(endpoint: int, replay: int) -> str:
     )
 
 
-def start_replica(demo: str, ports: tuple[int, int] | None = None, **kw) -> Server:
-    """A replica publishing its events (with replay) on `ports`, free ones by default."""
+def start_replica(
+    demo: str, ports: tuple[int, int] | None = None, extra: tuple[str, ...] = (), **kw
+) -> Server:
+    """A replica publishing its events (with replay) on `ports`, free ones by default;
+    `extra`: more `kvserve serve` options."""
     endpoint, replay = ports or (free_port(), free_port())
     config = events_config(endpoint, replay)
-    return start_server(demo, "--kv-events-config", config, "--num-kv-blocks", BLOCKS, **kw)
+    options = ("--kv-events-config", config, "--num-kv-blocks", BLOCKS, *extra)
+    return start_server(demo, *options, **kw)
 
 
 def start_replicas(demo: str, n: int) -> list[Server]:
