@@ -3,10 +3,12 @@
 A step's rows may belong to different adapters (and to none). The runner tells the
 wrapped projections, once per step, which rows each resident adapter has
 (`LoRABatch`); each projection then adds, per adapter present, the low-rank update
-of those rows: two small matmuls per adapter and target, gathered rows in and added
-back (S-LoRA / Punica's segmented idea, with torch's own ops), never a loop over
-requests. The arithmetic is PEFT's (`lora_B(lora_A(x)) * scaling`, added to the
-base output of that projection), so greedy tokens match `PeftModel`. Written here
+of those rows: two small matmuls per adapter and projection (a fused q/k/v one
+included: its parts' lora_A stacked, their lora_B block-diagonal), gathered rows in
+and added back (S-LoRA / Punica's segmented idea, with torch's own ops), never a loop
+over requests. The arithmetic is PEFT's (`lora_B(lora_A(x)) * scaling`, added to the
+base output; the other parts' terms are exact zeros), so greedy tokens match
+`PeftModel`. Written here
 because the field's multi-LoRA kernels (punica, S-LoRA) are CUDA-only.
 """
 
@@ -29,12 +31,15 @@ class LoRABatch:
 
 @dataclass
 class _Update:
-    offset: int
-    size: int
+    """One adapter's update of a projection, its parts side by side: lora_A of every part
+    it targets stacked (one matmul in), lora_B block-diagonal over the projection's
+    output (one matmul out): the same products as part by part, the other parts' terms
+    exact zeros."""
+
     lora_a: torch.Tensor
-    """[rank, in]: PEFT's lora_A.weight."""
+    """[sum of ranks, in]"""
     lora_b: torch.Tensor
-    """[out of this part, rank]: PEFT's lora_B.weight."""
+    """[out, sum of ranks]"""
     scaling: float
 
 
@@ -51,33 +56,43 @@ class LoRAProjection(nn.Module):
         for name, width in parts:
             self.part_offsets[name] = (offset, width)
             offset += width
-        self.updates: dict[int, list[_Update]] = {}
-        """slot -> the updates of its adapter (none where it leaves this projection alone)."""
+        self.out_features = offset
+        self._parts: dict[int, list[tuple[str, torch.Tensor, torch.Tensor, float]]] = {}
+        self.updates: dict[int, _Update] = {}
+        """slot -> its adapter's update (none where it leaves this projection alone)."""
 
     def set_update(
         self, slot: int, part: str, lora_a: torch.Tensor, lora_b: torch.Tensor, scaling: float
     ) -> None:
-        offset, width = self.part_offsets[part]
-        self.updates.setdefault(slot, []).append(_Update(offset, width, lora_a, lora_b, scaling))
+        parts = self._parts.setdefault(slot, [])
+        parts.append((part, lora_a, lora_b, scaling))
+        ranks = sum(a.shape[0] for _, a, _, _ in parts)
+        stacked_b = lora_b.new_zeros(self.out_features, ranks)
+        column = 0
+        for name, a, b, _ in parts:
+            offset, width = self.part_offsets[name]
+            stacked_b[offset : offset + width, column : column + a.shape[0]] = b
+            column += a.shape[0]
+        stacked_a = torch.cat([a for _, a, _, _ in parts]).contiguous()
+        self.updates[slot] = _Update(stacked_a, stacked_b, scaling)
 
     def clear(self, slot: int) -> None:
+        self._parts.pop(slot, None)
         self.updates.pop(slot, None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
         for slot, rows in self.batch.active:
-            updates = self.updates.get(slot)
-            if not updates:
+            u = self.updates.get(slot)
+            if u is None:
                 continue
             xs = x if rows is None else x.index_select(0, rows)
-            for u in updates:
-                delta = nn.functional.linear(nn.functional.linear(xs, u.lora_a), u.lora_b)
-                delta = delta * u.scaling
-                out = y[..., u.offset : u.offset + u.size]
-                if rows is None:
-                    out += delta
-                else:
-                    out.index_add_(0, rows, delta)
+            delta = nn.functional.linear(nn.functional.linear(xs, u.lora_a), u.lora_b)
+            delta = delta * u.scaling
+            if rows is None:
+                y += delta
+            else:
+                y.index_add_(0, rows, delta)
         return y
 
 
