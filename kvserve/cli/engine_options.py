@@ -43,6 +43,7 @@ _SPECIAL: dict[str, dict[str, Any]] = {
     "kv_events_config": {"type": str, "metavar": "JSON"},  # the engine parses the JSON
     "offload": {"metavar": "TIERS"},
     "speculative_config": {"type": str, "metavar": "JSON"},  # the engine parses the JSON
+    "kv_transfer_config": {"type": str, "metavar": "JSON"},  # the engine parses the JSON
 }
 
 

@@ -150,6 +150,14 @@ class EngineArgs:
         metadata=_help("external KV tiers below the pool, e.g. cpu:8GiB,disk:/path/to/dir:50GiB "
                        "(either alone); a disk tier persists across runs; default: off"),
     )  # fmt: skip
+    kv_transfer_config: Any = field(
+        default=None,
+        metadata=_help("KV transfer between engines (prefill on one, decode on another), "
+                       "vLLM's keys as JSON: '{\"kv_role\": \"kv_producer\", \"kv_port\": "
+                       "14579}' (with offload cpu:SIZE: the blocks it keeps for consumers) or "
+                       "'{\"kv_role\": \"kv_consumer\", \"kv_connector_extra_config\": "
+                       "{\"peers\": [\"tcp://host:14579\"]}}' (kvserve.transfer)"),
+    )  # fmt: skip
     grammar_compile_timeout: float = field(
         default=30.0,
         metadata=_help("seconds a constrained request (structured outputs, tools) waits for "
@@ -203,6 +211,10 @@ class EngineArgs:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.kv_transfer_config is not None:
+            from kvserve.transfer.config import KVTransferConfig
+
+            KVTransferConfig.from_any(self.kv_transfer_config)  # the tiers read it again
         if self.speculative_config is not None:
             from kvserve.engine.speculative import SpeculativeConfig
 

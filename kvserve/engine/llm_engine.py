@@ -96,7 +96,7 @@ class LLMEngine:
                 specs=runner.kv_cache_specs,
             )
         )
-        self.tiers = EngineTiers(runner, args) if args.offload else None
+        self.tiers = EngineTiers(runner, args) if args.offload or args.kv_transfer_config else None
         """The external KV tiers (kvserve.offload); None when `offload` is not set."""
         self.connector = self.tiers.connector if self.tiers is not None else None
         self.stop_checker = StopChecker(self.tokenizer, runner.eos_token_ids)

@@ -36,10 +36,11 @@ class EngineTiers:
     def __init__(self, runner: Any, args: EngineArgs) -> None:
         from kvserve.offload.build import build_store
         from kvserve.offload.connector import OffloadConnector, block_key
+        from kvserve.transfer.engine_side import remote_tiers, serve_blocks, transfer_config
 
         if not args.enable_prefix_caching:
             raise ValueError("offload needs prefix caching (its keys are the block hashes)")
-        if not args.offload:
+        if not args.offload and not args.kv_transfer_config:
             raise ValueError("offload needs an offload spec, e.g. cpu:8GiB")
         own_io = getattr(runner, "kv_block_io", None)
         if own_io is not None:  # the model-free runner (simulate): its own K/V and fingerprint
@@ -53,7 +54,11 @@ class EngineTiers:
             for g, spec in enumerate(runner.kv_cache_specs)
         )
         key_bytes = len(block_key(0, HASH_FUNCTIONS[args.hash_fn](b"")))
-        store = build_store(args.offload, fingerprint, largest, key_bytes)
+        transfer = transfer_config(args)
+        remote = remote_tiers(transfer, fingerprint)
+        store = build_store(args.offload, fingerprint, largest, key_bytes, remote)
+        if transfer is not None and transfer.produces:
+            serve_blocks(store, fingerprint, transfer)
         atexit.register(store.close)  # queued disk writes land before the process exits
         self.connector = OffloadConnector(store, runner.kv_cache_specs, args.block_size)
 

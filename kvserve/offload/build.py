@@ -10,16 +10,21 @@ from kvserve.offload.tiers import Tier
 
 
 def build_store(
-    text: str, fingerprint: bytes, block_bytes: int = 0, key_bytes: int = 0
+    text: str | None,
+    fingerprint: bytes,
+    block_bytes: int = 0,
+    key_bytes: int = 0,
+    extra: list[Tier] | None = None,
 ) -> TierStack:
     """ "cpu:8GiB,disk:/dir:50GiB" (either alone) -> the tiers, fastest first.
 
     A tier that cannot hold one block (`block_bytes` of payload under a `key_bytes` key:
     the largest the engine stores) is refused here, naming it: it would store nothing,
     while looking like a cache. So is a disk path that cannot be a tier's directory.
+    `extra` tiers go last (a KV transfer producer's, read through the network).
     """
     tiers: list[Tier] = []
-    for option in parse_offload(text):
+    for option in parse_offload(text) if text else []:
         kind = CpuTier if option.kind == "cpu" else DiskTier
         need = kind.stored_size(key_bytes, block_bytes)
         if need > option.capacity:
@@ -36,7 +41,7 @@ def build_store(
             tiers.append(DiskTier(option.path, option.capacity, fingerprint))
         except ValueError as exc:
             raise _refuse(option, str(exc)) from None
-    return TierStack(tiers)
+    return TierStack([*tiers, *(extra or [])])
 
 
 def _refuse(option: TierOptions, reason: str) -> ValueError:

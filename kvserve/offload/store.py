@@ -51,7 +51,9 @@ class TierStack:
         """(tier, cause) of the drops logged so far: each cause is logged once."""
         # Memory tiers are written at once; the rest (disk) from a background thread.
         self._now = [t for t in tiers if t.medium == "CPU"]
-        self._later = [t for t in tiers if t.medium != "CPU"]
+        self._later = [t for t in tiers if t.medium != "CPU" and not getattr(t, "read_only", 0)]
+        self.closers: list[Any] = []
+        """Called at close (a transfer server over these tiers: kvserve.transfer)."""
         self._queue: queue.Queue[tuple | None] = queue.Queue(max_queued_writes)
         self._writer: threading.Thread | None = None
         if self._later:
@@ -143,6 +145,9 @@ class TierStack:
             self._queue.join()
 
     def close(self) -> None:
+        for closer in self.closers:
+            closer()
+        self.closers.clear()
         if self._writer is not None and self._writer.is_alive():
             self._queue.put(None)
             self._writer.join()

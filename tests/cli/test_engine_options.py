@@ -62,7 +62,8 @@ def test_types_come_from_the_dataclass():
             continue
         # Values EngineArgs checks get one it accepts (3 is no device, nor a JSON object).
         sample = {"device": "cpu", "kv_events_config": "{}", "gpu_memory_utilization": "0.5",
-                  "speculative_config": "{}"}  # fmt: skip
+                  "speculative_config": "{}",
+                  "kv_transfer_config": '{"kv_role": "kv_producer"}'}  # fmt: skip
         sample = sample.get(field.name, "3")
         sample = action.choices[-1] if action.choices else sample
         value = getattr(parse_engine_args(action.option_strings[0], sample), field.name)

@@ -1,0 +1,85 @@
+"""vLLM's `kv_transfer_config`, as far as kvserve's transfer reads it.
+
+`kv_connector` "KvserveConnector" (the default; vLLM's NIXL and P2P connectors are
+refused by name), `kv_role` "kv_producer" (serves its blocks on `kv_ip`:`kv_port`),
+"kv_consumer" (pulls from the producers in `kv_connector_extra_config.peers`) or
+"kv_both" (both). Unknown keys are refused: a typo must not silently turn transfer off.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+ROLES = ("kv_producer", "kv_consumer", "kv_both")
+CONNECTOR = "KvserveConnector"
+KNOWN = {"kv_connector", "kv_role", "kv_ip", "kv_port", "kv_connector_extra_config"}
+EXTRA = {"peers", "timeout_s"}
+
+
+@dataclass(frozen=True)
+class KVTransferConfig:
+    kv_role: str
+    kv_ip: str = "127.0.0.1"
+    kv_port: int = 14579
+    peers: tuple[str, ...] = field(default_factory=tuple)
+    """The producers a consumer pulls from (tcp://host:port)."""
+    timeout_s: float = 2.0
+    """How long a consumer waits for a producer's answer before it recomputes."""
+
+    @property
+    def produces(self) -> bool:
+        return self.kv_role in ("kv_producer", "kv_both")
+
+    @property
+    def consumes(self) -> bool:
+        return self.kv_role in ("kv_consumer", "kv_both")
+
+    @property
+    def endpoint(self) -> str:
+        return f"tcp://{self.kv_ip}:{self.kv_port}"
+
+    @classmethod
+    def from_any(cls, value: Any) -> KVTransferConfig:
+        """A dict, or its JSON text; a ValueError names the key that is wrong."""
+        if isinstance(value, KVTransferConfig):
+            return value
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"kv_transfer_config is not JSON: {exc}") from None
+        if not isinstance(value, dict):
+            raise ValueError("kv_transfer_config must be a JSON object")
+        unknown = sorted(set(value) - KNOWN)
+        if unknown:
+            raise ValueError(f"kv_transfer_config: unknown key(s) {', '.join(unknown)}")
+        connector = value.get("kv_connector", CONNECTOR)
+        if connector != CONNECTOR:
+            raise ValueError(
+                f"kv_transfer_config: kv_connector {connector!r} is not supported (kvserve "
+                f"transfers its own blocks: {CONNECTOR!r})"
+            )
+        role = value.get("kv_role")
+        if role not in ROLES:
+            raise ValueError(f"kv_transfer_config: kv_role must be one of {', '.join(ROLES)}")
+        extra = value.get("kv_connector_extra_config") or {}
+        if not isinstance(extra, dict) or set(extra) - EXTRA:
+            raise ValueError(
+                f"kv_transfer_config: kv_connector_extra_config takes {', '.join(sorted(EXTRA))}"
+            )
+        peers = extra.get("peers", [])
+        if not isinstance(peers, list) or not all(
+            isinstance(p, str) and p.startswith("tcp://") for p in peers
+        ):
+            raise ValueError("kv_transfer_config: peers must be a list of tcp://host:port")
+        if role == "kv_consumer" and not peers:
+            raise ValueError("kv_transfer_config: a kv_consumer needs peers (its producers)")
+        port = value.get("kv_port", 14579)
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+            raise ValueError(f"kv_transfer_config: kv_port must be a port number, got {port!r}")
+        timeout = extra.get("timeout_s", 2.0)
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+            raise ValueError("kv_transfer_config: timeout_s must be > 0")
+        return cls(role, str(value.get("kv_ip", "127.0.0.1")), port, tuple(peers), float(timeout))

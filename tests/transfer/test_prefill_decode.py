@@ -1,0 +1,91 @@
+"""Prefill on one engine, decode on another (kvserve.transfer): the producer computes the
+prompts, the consumer pulls their blocks over ZMQ on loopback and decodes; its greedy
+tokens equal transformers' (and a lone engine's) for full attention (Llama), sliding
+windows beside full attention (Gemma 3) and a Mamba2 hybrid (Bamba). A producer gone, or
+a block that fails its checksum, is recomputed: the same tokens, never wrong ones."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvserve import LLM, SamplingParams
+from tests._ports import free_port
+
+NEW = 6
+PROMPTS = [[3 + (7 * i + j) % 250 for j in range(40)] for i in range(3)]
+
+
+def engines(ck, tmp_path, num_kv_blocks: int = 96):
+    port = free_port()
+    common = dict(block_size=4, dtype="float32", num_threads=1, num_kv_blocks=num_kv_blocks)
+    producer = LLM(ck.path, offload="cpu:64MiB", **common,
+                   kv_transfer_config={"kv_role": "kv_producer", "kv_port": port})  # fmt: skip
+    consumer = LLM(ck.path, **common, kv_transfer_config={
+        "kv_role": "kv_consumer",
+        "kv_connector_extra_config": {"peers": [f"tcp://127.0.0.1:{port}"], "timeout_s": 1},
+    })  # fmt: skip
+    return producer, consumer
+
+
+def prefill(producer: LLM) -> None:
+    producer.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
+
+
+def decode(consumer: LLM) -> list[list[int]]:
+    params = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True)
+    return [o.outputs[0].token_ids for o in consumer.generate(PROMPTS, params, use_tqdm=False)]
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "bamba"])
+def test_decode_after_a_remote_prefill_gives_the_same_tokens(
+    arch, checkpoints, gemma3_checkpoint, bamba_checkpoint, tmp_path
+):
+    ck = {"gemma3": gemma3_checkpoint, "bamba": bamba_checkpoint}.get(arch) or checkpoints[arch]
+    producer, consumer = engines(ck, tmp_path, num_kv_blocks=256 if arch != "llama" else 96)
+    try:
+        prefill(producer)
+        got = decode(consumer)
+        assert got == [ck.reference(p, NEW) for p in PROMPTS]
+        stats = consumer.stats()
+        assert stats["external_hit_tokens"] > 0  # pulled, not recomputed
+        assert stats["prefill_tokens_computed"] < sum(len(p) for p in PROMPTS) // 2
+        assert consumer.engine.manager.pool.num_used == 0  # nothing held after
+    finally:
+        consumer.shutdown()
+        producer.shutdown()
+
+
+def test_a_producer_gone_is_recomputed(checkpoints, tmp_path):
+    ck = checkpoints["llama"]
+    producer, consumer = engines(ck, tmp_path)
+    prefill(producer)
+    producer.shutdown()  # its server closes: the consumer's asks time out
+    try:
+        assert decode(consumer) == [ck.reference(p, NEW) for p in PROMPTS]
+        assert consumer.stats()["external_hit_tokens"] == 0
+    finally:
+        consumer.shutdown()
+
+
+class _Corrupting:
+    """The consumer's checksum of every payload: never the producer's (bytes changed
+    on the way)."""
+
+    @staticmethod
+    def xxh64_intdigest(data: bytes) -> int:
+        return -1
+
+
+def test_a_block_that_fails_its_checksum_is_recomputed(checkpoints, tmp_path, monkeypatch):
+    from kvserve.transfer import remote_tier
+
+    ck = checkpoints["llama"]
+    producer, consumer = engines(ck, tmp_path)
+    prefill(producer)
+    monkeypatch.setattr(remote_tier, "xxhash", _Corrupting)
+    try:
+        assert decode(consumer) == [ck.reference(p, NEW) for p in PROMPTS]
+        assert consumer.stats()["external_hit_tokens"] == 0
+    finally:
+        consumer.shutdown()
+        producer.shutdown()

@@ -1,0 +1,43 @@
+"""vLLM's kv_transfer_config as kvserve reads it: every mistake named, nothing ignored."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvserve import LLM
+from kvserve.transfer.config import KVTransferConfig
+
+BAD = {
+    "not-json": ("{", "not JSON"),
+    "list": ("[]", "JSON object"),
+    "typo": ({"kv_role": "kv_producer", "kv_prot": 1}, "kv_prot"),
+    "connector": ({"kv_role": "kv_producer", "kv_connector": "NixlConnector"}, "NixlConnector"),
+    "role": ({"kv_role": "producer"}, "kv_role"),
+    "no-peers": ({"kv_role": "kv_consumer"}, "needs peers"),
+    "peer": ({"kv_role": "kv_both", "kv_connector_extra_config": {"peers": ["host:1"]}}, "tcp://"),
+    "port": ({"kv_role": "kv_producer", "kv_port": 70000}, "kv_port"),
+    "extra": ({"kv_role": "kv_producer", "kv_connector_extra_config": {"x": 1}}, "takes"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_a_bad_config_is_refused_by_name(case):
+    value, message = BAD[case]
+    with pytest.raises(ValueError, match=message):
+        KVTransferConfig.from_any(value)
+
+
+def test_roles():
+    producer = KVTransferConfig.from_any('{"kv_role": "kv_producer", "kv_port": 15000}')
+    assert producer.produces and not producer.consumes
+    assert producer.endpoint == "tcp://127.0.0.1:15000"
+    both = KVTransferConfig.from_any(
+        {"kv_role": "kv_both", "kv_connector_extra_config": {"peers": ["tcp://h:1"]}}
+    )
+    assert both.produces and both.consumes and both.peers == ("tcp://h:1",)
+
+
+def test_a_producer_without_a_cpu_tier_is_refused(checkpoints):
+    with pytest.raises(ValueError, match="offload cpu:SIZE"):
+        LLM(checkpoints["llama"].path, block_size=4, num_kv_blocks=16, num_threads=1,
+            kv_transfer_config={"kv_role": "kv_producer", "kv_port": 15001})  # fmt: skip
