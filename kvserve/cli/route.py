@@ -26,9 +26,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--replica",
         action="append",
-        required=True,
+        default=[],
         metavar="URL",
         help="a replica's base URL, e.g. http://127.0.0.1:8001 (repeat for each)",
+    )
+    p.add_argument(
+        "--prefill",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a prefill engine (kv_transfer_config kv_producer): each request's prompt runs "
+        "there first, then the request on a --decode engine, which pulls its blocks",
+    )
+    p.add_argument(
+        "--decode",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a decode engine (kv_transfer_config kv_consumer of the --prefill engines)",
     )
     p.add_argument("--policy", choices=POLICIES, default="cache-aware", help="routing policy")
     p.add_argument("--host", default="127.0.0.1", help="address to bind")
@@ -75,14 +90,19 @@ def run(args: argparse.Namespace) -> int:
     from kvserve.router import build_router, serve_router
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per health check otherwise
+    if bool(args.prefill) != bool(args.decode):
+        raise ValueError("--prefill and --decode go together (prefill on one, decode on another)")
+    if not (args.replica or args.prefill):
+        raise ValueError("give the replicas: --replica URL, or --prefill URL and --decode URL")
     state = build_router(
-        args.replica,
+        [*args.replica, *args.prefill, *args.decode],
         policy=args.policy,
         api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
         model=args.model,
         wait=args.wait,
         health_interval=args.health_interval,
         max_request_bytes=args.max_request_bytes,  # None: the router's default
+        roles={**dict.fromkeys(args.prefill, "prefill"), **dict.fromkeys(args.decode, "decode")},
     )
     if serve_router(state, args.host, args.port, args.shutdown_timeout, args.log_level):
         logging.getLogger("kvserve.router").info("stopped")

@@ -35,6 +35,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from kvserve.request_limits import LimitError, decode_body
 from kvserve.router import health
+from kvserve.router.disaggregated import disaggregated, prefill_first
 from kvserve.router.errors import error, install_error_handlers
 from kvserve.router.forward import GONE_STATUS, ClientGone, Prediction, forward, unless_gone
 from kvserve.router.limits import check_request, read_body
@@ -144,8 +145,11 @@ async def _generate(request: Request, state: RouterState, endpoint: Endpoint) ->
         check_request(state.limits, endpoint, body)
     except LimitError as exc:
         return error(exc.message, 400, param=exc.param)
-    try:  # a client gone while its prompt is tokenized: nothing is sent
+    try:  # a client gone while its prompt is tokenized (or prefilled): nothing is sent
         prediction = await unless_gone(request, _predict(state, endpoint, body, len(raw)))
+        if endpoint != "embeddings" and disaggregated(state):
+            path = request.url.path
+            await unless_gone(request, prefill_first(request, state, path, body, prediction))
     except ClientGone:
         return Response(status_code=GONE_STATUS)
     return await forward(request, state, raw, prediction)

@@ -35,10 +35,14 @@ def build_router(
     wait: float = 30.0,
     health_interval: float = 1.0,
     max_request_bytes: int | None = None,
+    roles: dict[str, str] | None = None,
 ) -> RouterState:
-    """`model`: where the router reads the replicas' tokenizer (default: the path they report)."""
+    """`model`: where the router reads the replicas' tokenizer (default: the path they report);
+    `roles`: URL -> "prefill" or "decode" (prefill on one engine, decode on another)."""
     chosen = make_policy(policy)
     replicas = discover([u.rstrip("/") for u in urls], api_key, wait)
+    for replica, url in zip(replicas, urls, strict=True):
+        replica.role = (roles or {}).get(url, "both")
     path = model or replicas[0].info["model"]
     try:
         tokenizer = load_tokenizer(path)

@@ -91,9 +91,10 @@ async def forward(
     request: Request, state: RouterState, raw: bytes, prediction: Prediction
 ) -> Response:
     """Send to the policy's choice; elsewhere if it fails before its first byte (once) or
-    answers 503 (while another replica is available)."""
+    answers 503 (while another replica is available). Never to a prefill engine: it only
+    ever runs prompts (disaggregated.py)."""
     state.in_flight += 1  # until the relay closes, or now if there is none
-    excluded: set[int] = set()
+    excluded = {r.index for r in state.replicas if r.role == "prefill"}
     failure = "no replica is healthy"
     broken = 0
     while broken < 2:

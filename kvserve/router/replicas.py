@@ -37,6 +37,8 @@ class Replica:
     """Requests sent to it whose answer has not ended."""
     queued_prefill_tokens: int = 0
     """Prompt tokens sent to it (less the predicted hit) whose answer has not begun."""
+    role: str = "both"
+    """"prefill", "decode" (`kvserve route --prefill / --decode`) or "both"."""
 
     @property
     def available(self) -> bool:

@@ -1,0 +1,66 @@
+"""Prefill on one engine, decode on another: a request's prompt first runs on a prefill engine.
+
+With `kvserve route --prefill URL ... --decode URL ...`, a completions or chat request
+is first sent, as a one-token, non-streamed copy, to the prefill engine with the best
+predicted hit (the policy, over the prefill engines alone); its blocks then sit in that
+engine's CPU tier, served to the decode engines (kvserve.transfer). The request itself
+then goes, unchanged, to a decode engine (forward.py, which never picks a prefill
+engine): the blocks its own cache lacks it pulls from the producer, and it answers the
+client, streaming or not. Whatever goes wrong with the prefill (an engine down, a 4xx or
+5xx, a timeout) only costs the decode engine the prompt's computation: the answer is
+the same. The decode engine's reported cached tokens include the blocks it pulled, so
+its hit is not compared with the prediction.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import httpx
+from fastapi import Request
+
+from kvserve.router.forward import NOT_SENT, Prediction
+from kvserve.router.state import RouterState
+
+log = logging.getLogger("kvserve.router")
+
+PREFILL_ONLY = {"max_tokens": 1, "max_completion_tokens": 1, "stream": False, "n": 1}
+DROPPED = ("stream_options", "logprobs", "top_logprobs", "best_of", "min_tokens")
+
+
+def disaggregated(state: RouterState) -> bool:
+    return any(r.role == "prefill" for r in state.replicas)
+
+
+async def prefill_first(
+    request: Request, state: RouterState, path: str, body: Any, prediction: Prediction
+) -> None:
+    """Run `body`'s prompt on the best prefill engine (nothing happens where none is up)."""
+    if not isinstance(body, dict):
+        return
+    loads = [r.load(r.role != "prefill") for r in state.replicas]
+    hits = [prediction.hit(r.index) for r in state.replicas]
+    try:
+        choice = state.policy.choose(prediction.num_tokens, hits, loads)
+    except ValueError:
+        return  # no prefill engine is up: the decode engine computes the prompt
+    replica = state.replicas[choice.replica]
+    copy = {k: v for k, v in body.items() if k not in DROPPED}
+    copy.update(PREFILL_ONLY)
+    if "max_completion_tokens" not in body:
+        copy.pop("max_completion_tokens")
+    headers = {k: v for k, v in request.headers.items() if k.lower() not in NOT_SENT}
+    replica.running += 1
+    state.metrics.requests.labels(replica.url).inc()
+    try:
+        answer = await state.http().post(f"{replica.url}{path}", json=copy, headers=headers)
+        if answer.status_code != 200:
+            log.info("prefill on %s answered %d: the decode engine computes the prompt",
+                     replica.url, answer.status_code)  # fmt: skip
+    except httpx.HTTPError as exc:
+        log.warning("prefill on %s failed (%s): the decode engine computes the prompt",
+                    replica.url, type(exc).__name__)  # fmt: skip
+    finally:
+        replica.running -= 1
+    prediction.checked = False  # the decode engine's cached tokens include what it pulled

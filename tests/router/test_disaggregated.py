@@ -1,0 +1,76 @@
+"""`kvserve route --prefill URL --decode URL`: each request's prompt runs on the prefill
+engine, its blocks travel to the decode engine (kvserve.transfer), which answers: the same
+greedy text as one engine alone, streamed or not, the decode engine's prompt mostly pulled
+rather than computed; a prefill engine gone costs only the recomputation."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from tests._ports import free_port
+from tests.router.conftest import start_replica, stop_all
+from tests.serve.conftest import metric, scrape, start_command, wait_healthy
+
+pytestmark = pytest.mark.slow
+
+LONG = "Tell me about the sea. " * 12  # several full blocks of prompt
+
+
+@pytest.fixture(scope="module")
+def split(demo):
+    port = free_port()
+    producer = {"kv_role": "kv_producer", "kv_port": port}
+    consumer = {"kv_role": "kv_consumer",
+                "kv_connector_extra_config": {"peers": [f"tcp://127.0.0.1:{port}"]}}  # fmt: skip
+    started = [
+        start_replica(demo, extra=("--offload", "cpu:64MiB", "--kv-transfer-config",
+                                   json.dumps(producer)), wait=False),
+        start_replica(demo, extra=("--kv-transfer-config", json.dumps(consumer)), wait=False),
+    ]  # fmt: skip
+    prefill, decode = [wait_healthy(s) for s in started]
+    router = start_command(["route", "--prefill", prefill.url, "--decode", decode.url], demo)
+    try:
+        yield prefill, decode, router
+    finally:
+        stop_all(router, prefill, decode)
+
+
+def chat(url: str, content: str, stream: bool = False) -> str:
+    body = {"messages": [{"role": "user", "content": content}], "max_tokens": 12,
+            "temperature": 0, "stream": stream}  # fmt: skip
+    if not stream:
+        resp = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
+        assert resp.status_code == 200, resp.text
+        return resp.json()["choices"][0]["message"]["content"]
+    text = ""
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=60) as resp:
+        for line in resp.iter_lines():
+            if line.startswith("data: {"):
+                delta = json.loads(line[6:])["choices"][0]["delta"]
+                text += delta.get("content") or ""
+    return text
+
+
+def pulled(server) -> float:
+    return metric(scrape(server), "kvserve:external_prefix_cache_hits_total")
+
+
+def test_a_split_request_answers_as_one_engine(split):
+    prefill, decode, router = split
+    alone = chat(prefill.url, "A: " + LONG)  # one engine, the whole request
+    assert chat(router.url, "B: " + LONG) == chat(prefill.url, "B: " + LONG)
+    assert pulled(decode) > 0  # the decode engine pulled the prompt's blocks
+    before = pulled(decode)
+    assert chat(router.url, "A: " + LONG, stream=True) == alone
+    assert pulled(decode) > before
+
+
+def test_a_prefill_engine_gone_costs_only_the_recomputation(split):
+    prefill, decode, router = split
+    want = chat(decode.url, "C: " + LONG)  # the decode engine alone computes it all
+    stop_all(prefill)
+    assert chat(router.url, "D: " + LONG) == chat(decode.url, "D: " + LONG)
+    assert chat(router.url, "C: " + LONG) == want
