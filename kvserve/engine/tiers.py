@@ -57,8 +57,10 @@ class EngineTiers:
         transfer = transfer_config(args)
         remote = remote_tiers(transfer, fingerprint)
         store = build_store(args.offload, fingerprint, largest, key_bytes, remote)
-        if transfer is not None and transfer.produces:
-            serve_blocks(store, fingerprint, transfer)
+        self.transfer = transfer
+        self.server = (
+            serve_blocks(store, fingerprint, transfer) if transfer and transfer.produces else None
+        )
         atexit.register(store.close)  # queued disk writes land before the process exits
         self.connector = OffloadConnector(store, runner.kv_cache_specs, args.block_size)
 
@@ -75,6 +77,25 @@ class EngineTiers:
                 manager.block_hashes(rid), req.token_ids, req.lora_name, req.cache_salt
             )
             self.connector.save(self.block_io, manager.step_plan(rid), record)
+
+    def transfer_stats(self) -> dict[str, float] | None:
+        """KV transfer's counters (kvserve.transfer); None without kv_transfer_config."""
+        if self.transfer is None:
+            return None
+        from kvserve.transfer.remote_tier import RemoteTier
+
+        remote = [t for t in self.connector.store.tiers if isinstance(t, RemoteTier)]
+        counts: dict[str, float] = {
+            "blocks_received": sum(t.blocks_received for t in remote),
+            "bytes_received": sum(t.bytes_received for t in remote),
+            "blocks_rejected": sum(t.rejected for t in remote),
+            "failed_asks": sum(t.failures for t in remote),
+            "seconds": sum(t.seconds for t in remote),
+        }
+        if self.server is not None:
+            counts["blocks_served"] = self.server.blocks_served
+            counts["bytes_served"] = self.server.bytes_served
+        return counts
 
     def stats(self) -> dict[str, Any]:
         c = self.connector.stats

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvserve.offload.options import parse_offload
 from kvserve.offload.store import TierStack
 from kvserve.offload.tiers import Tier
 from kvserve.transfer.config import KVTransferConfig
+
+if TYPE_CHECKING:
+    from kvserve.transfer.server import BlockServer
 
 
 def transfer_config(args: Any) -> KVTransferConfig | None:
@@ -36,9 +39,10 @@ def remote_tiers(config: KVTransferConfig | None, fingerprint: bytes) -> list[Ti
     return [RemoteTier(peer, fingerprint, config.timeout_s) for peer in config.peers]
 
 
-def serve_blocks(store: TierStack, fingerprint: bytes, config: KVTransferConfig) -> None:
+def serve_blocks(store: TierStack, fingerprint: bytes, config: KVTransferConfig) -> BlockServer:
     """A producer serves its memory tier's blocks until the store closes."""
     from kvserve.transfer.server import BlockServer
 
     server = BlockServer(store, fingerprint, config.endpoint)
     store.closers.append(server.close)
+    return server

@@ -43,6 +43,10 @@ class RemoteTier:
         self.bytes_received = 0
         self.rejected = 0
         """Payloads whose checksum did not match (recomputed instead)."""
+        self.failures = 0
+        """Asks that got no answer (gone, slow, another model's blocks): recomputed."""
+        self.seconds = 0.0
+        """Time spent asking."""
 
     @staticmethod
     def stored_size(key_bytes: int, payload_bytes: int) -> int:
@@ -77,27 +81,37 @@ class RemoteTier:
         with self._lock:
             if time.monotonic() < self._down_until:
                 return None
-            if self.socket is None:
-                self.socket = self.context.socket(zmq.REQ)
-                self.socket.setsockopt(zmq.LINGER, 0)
-                self.socket.setsockopt(zmq.RCVTIMEO, self.timeout_ms)
-                self.socket.setsockopt(zmq.SNDTIMEO, self.timeout_ms)
-                self.socket.connect(self.endpoint)
+            started = time.perf_counter()
             try:
-                self.socket.send(msgspec.msgpack.encode([op, self.fingerprint, keys]))
-                status, value = msgspec.msgpack.decode(self.socket.recv())
-            except zmq.ZMQError:  # gone or slow: a REQ socket that missed its reply is reset
-                self.socket.close()
-                self.socket = None
-                self._down_until = time.monotonic() + BACKOFF_SECONDS
-                log.warning("KV transfer: %s did not answer: recomputing", self.endpoint)
-                return None
-            if status != "ok":
-                if status == "fingerprint":
-                    log.warning("KV transfer: %s holds another model's blocks", self.endpoint)
-                self._down_until = time.monotonic() + BACKOFF_SECONDS
-                return None
-            return list(value)
+                return self._ask_locked(op, keys)
+            finally:
+                self.seconds += time.perf_counter() - started
+
+    def _ask_locked(self, op: str, keys: list[bytes]) -> list[Any] | None:
+        """One round trip (the lock held); None on any failure."""
+        if self.socket is None:
+            self.socket = self.context.socket(zmq.REQ)
+            self.socket.setsockopt(zmq.LINGER, 0)
+            self.socket.setsockopt(zmq.RCVTIMEO, self.timeout_ms)
+            self.socket.setsockopt(zmq.SNDTIMEO, self.timeout_ms)
+            self.socket.connect(self.endpoint)
+        try:
+            self.socket.send(msgspec.msgpack.encode([op, self.fingerprint, keys]))
+            status, value = msgspec.msgpack.decode(self.socket.recv())
+        except zmq.ZMQError:  # gone or slow: a REQ socket that missed its reply is reset
+            self.failures += 1
+            self.socket.close()
+            self.socket = None
+            self._down_until = time.monotonic() + BACKOFF_SECONDS
+            log.warning("KV transfer: %s did not answer: recomputing", self.endpoint)
+            return None
+        if status != "ok":
+            self.failures += 1
+            if status == "fingerprint":
+                log.warning("KV transfer: %s holds another model's blocks", self.endpoint)
+            self._down_until = time.monotonic() + BACKOFF_SECONDS
+            return None
+        return list(value)
 
     def close(self) -> None:
         with self._lock:

@@ -66,6 +66,11 @@ def test_a_split_request_answers_as_one_engine(split):
     before = pulled(decode)
     assert chat(router.url, "A: " + LONG, stream=True) == alone
     assert pulled(decode) > before
+    # Both ends count the transfer on /metrics.
+    received = metric(scrape(decode), "kvserve:kv_transfer_blocks_received_total")
+    served = metric(scrape(prefill), "kvserve:kv_transfer_blocks_served_total")
+    assert served >= received > 0
+    assert metric(scrape(decode), "kvserve:kv_transfer_blocks_rejected_total") == 0
 
 
 def test_a_prefill_engine_gone_costs_only_the_recomputation(split):

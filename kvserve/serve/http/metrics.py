@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
@@ -22,10 +23,18 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from kvserve.outputs import RequestOutput
+from kvserve.serve.http.engine_families import (
+    LoRAInfo,
+    dropped_writes,
+    lora_info,
+    spec_decode,
+    spec_decode_families,
+    transfer_counts,
+    transfer_families,
+)
 
 if TYPE_CHECKING:
     from kvserve.engine.llm_engine import LLMEngine
-    from kvserve.engine.request import Request
 
 PREFIXES = ("kvserve", "vllm")
 REASONS = ("stop", "length", "abort")
@@ -63,17 +72,6 @@ class EngineSnapshot:
 
 
 @dataclass(slots=True, frozen=True)
-class LoRAInfo:
-    """vLLM's `lora_requests_info` labels: the adapters in the batch and in the queue
-    (comma-joined names), read between steps; its value is when (a Unix time), as vLLM's."""
-
-    max_lora: int
-    running: str
-    waiting: str
-    when: float
-
-
-@dataclass(slots=True, frozen=True)
 class CacheConfigInfo:
     """The labels of `cache_config_info` (a gauge of 1, vLLM's way to export settings)."""
 
@@ -93,6 +91,9 @@ class ServerMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self.snapshot = EngineSnapshot()
         """Replaced (never mutated) by the engine thread."""
+        self.transfer_counts: Callable[[], tuple[tuple[str, float], ...] | None] | None = None
+        """KV transfer's counters, read at scrape: a producer serves blocks between its
+        steps, so a snapshot would lag (set with the first refresh; None: no transfer)."""
         self._state = _StateCollector(self, prefix, model_name, cache)
         self.registry.register(self._state)
 
@@ -214,7 +215,11 @@ class _StateCollector(Collector):
                 dropped.add_metric([self.model_name, medium], count)
             yield dropped
         if snap.spec_decode is not None:
-            yield from _spec_decode_families(p, self.model_name, snap.spec_decode)
+            yield from spec_decode_families(p, self.model_name, snap.spec_decode)
+        live = self.metrics.transfer_counts
+        transfer = live() if live is not None else None
+        if transfer is not None:
+            yield from transfer_families(p, self.model_name, transfer)
         if snap.lora is not None:
             lora = GaugeMetricFamily(
                 f"{p}:lora_requests_info",
@@ -303,6 +308,8 @@ class EngineObserver:
         """Publish the engine's counts (the engine thread calls this; scrapes read it)."""
         scheduler, manager = engine.scheduler, engine.manager
         pool = manager.pool
+        if self.metrics.transfer_counts is None and engine.tiers is not None:
+            self.metrics.transfer_counts = partial(transfer_counts, engine)
         self.metrics.snapshot = EngineSnapshot(
             running=len(scheduler.running),
             waiting=len(scheduler.waiting),
@@ -315,74 +322,10 @@ class EngineObserver:
             prompt_tokens=scheduler.stats.prompt_tokens,
             generation_tokens=engine.stats.generated_tokens,
             finished=tuple(sorted(self._finished.items())),
-            dropped_writes=_dropped_writes(engine),
-            spec_decode=_spec_decode(engine),
-            lora=_lora_info(engine),
+            dropped_writes=dropped_writes(engine),
+            spec_decode=spec_decode(engine),
+            lora=lora_info(engine),
         )
-
-
-def _lora_info(engine: LLMEngine) -> LoRAInfo | None:
-    """The adapters of the running and waiting requests, by name (each once, in order)."""
-    if engine.loras is None:
-        return None
-    scheduler = engine.scheduler
-
-    def names(requests: Iterable[Request]) -> str:
-        return ",".join(dict.fromkeys(r.lora.name for r in requests if r.lora is not None))
-
-    return LoRAInfo(
-        max_lora=scheduler.config.max_loras or 0,
-        running=names(scheduler.running),
-        waiting=names(scheduler.waiting),
-        when=time.time(),
-    )
-
-
-def _spec_decode(engine: LLMEngine) -> tuple[int, int, int, tuple[int, ...]] | None:
-    drafter = engine.drafter
-    if drafter is None:
-        return None
-    stats = drafter.stats
-    per_pos = tuple(stats.accepted_per_pos or (0,) * drafter.config.num_speculative_tokens)
-    return stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens, per_pos
-
-
-def _spec_decode_families(
-    p: str, model_name: str, spec: tuple[int, int, int, tuple[int, ...]]
-) -> Iterator[Metric]:
-    """vLLM's spec_decode series: its v1 counters, and v0's acceptance-rate gauge."""
-    drafts, draft_tokens, accepted, per_pos = spec
-    for name, doc, value in (
-        ("spec_decode_num_drafts", "Verification rows: steps in which a request drafted.", drafts),
-        ("spec_decode_num_draft_tokens", "Draft tokens proposed.", draft_tokens),
-        ("spec_decode_num_accepted_tokens", "Draft tokens the target model accepted.", accepted),
-    ):
-        family = CounterMetricFamily(f"{p}:{name}", doc, labels=["model_name"])
-        family.add_metric([model_name], value)
-        yield family
-    by_pos = CounterMetricFamily(
-        f"{p}:spec_decode_num_accepted_tokens_per_pos",
-        "Accepted draft tokens by their position in the draft (0: first).",
-        labels=["model_name", "position"],
-    )
-    for position, count in enumerate(per_pos):
-        by_pos.add_metric([model_name, str(position)], count)
-    yield by_pos
-    rate = GaugeMetricFamily(
-        f"{p}:spec_decode_draft_acceptance_rate",
-        "Accepted over proposed draft tokens since start (0 before any draft).",
-        labels=["model_name"],
-    )
-    rate.add_metric([model_name], accepted / draft_tokens if draft_tokens else 0.0)
-    yield rate
-
-
-def _dropped_writes(engine: LLMEngine) -> tuple[tuple[str, int], ...]:
-    """The offload tiers' dropped writes by medium (their counters are thread-safe ints)."""
-    tiers = engine.tiers
-    if tiers is None:
-        return ()
-    return tuple(sorted(tiers.connector.store.dropped_by_medium.items()))
 
 
 def cache_config_info(engine: LLMEngine) -> CacheConfigInfo:
