@@ -117,18 +117,17 @@ class BlockHasher:
         if n == 0:
             parent = digest(parent + data[:width] + first_extra)
             hashes.append(parent)
-            n, offset = 1, width
+            offset = width
         append = hashes.append
         new = self._new
+        starts = range(offset, len(data), width)
         if new is not None and not other_extra:  # the common case: no LoRA
-            for _ in range(n, end):
-                parent = new(parent + data[offset : offset + width]).digest()
-                offset += width
+            for at in starts:
+                parent = new(parent + data[at : at + width]).digest()
                 append(parent)
             return
-        for _ in range(n, end):
-            parent = digest(parent + data[offset : offset + width] + other_extra)
-            offset += width
+        for at in starts:
+            parent = digest(parent + data[at : at + width] + other_extra)
             append(parent)
 
 

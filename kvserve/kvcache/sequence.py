@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from kvserve.kvcache.block import KVBlock
 from kvserve.kvcache.plan import CopyOp, StatePlan
+
+_block_id = attrgetter("block_id")
 
 
 @dataclass(slots=True, eq=False)
@@ -77,7 +80,7 @@ class CacheSequence:
         for group, table in enumerate(self.kv_blocks):
             ids = cached[group]
             if len(ids) != len(table):
-                cached[group] = ids + tuple(b.block_id for b in table[len(ids) :])
+                cached[group] = ids + tuple(map(_block_id, table[len(ids) :]))
         self.plan_ids = tuple(cached)
         return self.plan_ids
 
