@@ -146,7 +146,7 @@ class BlockPool:
         group: int,
         blocks: list[KVBlock],
         hashes: list[bytes],
-        token_ids: tuple[int, ...],
+        token_ids: bytes,
         first_extra: bytes,
         extra: bytes,
         parent_cache_id: int,
@@ -184,7 +184,7 @@ class BlockPool:
         block: KVBlock,
         slot: int,
         block_hash: bytes,
-        token_ids: tuple[int, ...],
+        token_ids: bytes,
         extra: bytes,
         parent_cache_id: int,
     ) -> CacheEntry:
