@@ -76,13 +76,8 @@ class Coordinator:
 
     def hash(self, seq: CacheSequence) -> None:
         """Extend `seq.block_hashes` (and `seq.packed_tokens`) over its full hash blocks."""
-        packed = seq.packed_tokens
-        # The hasher packs the new blocks anyway: keep them, unless the two part ways.
-        keep = len(packed) == 4 * self.block_size * len(seq.block_hashes)
         try:
-            self.hasher.extend(
-                seq.block_hashes, seq.token_ids, seq.extra_keys, packed if keep else None
-            )
+            self.hasher.extend(seq.block_hashes, seq.token_ids, seq.extra_keys, seq.packed_tokens)
         except Exception as exc:  # struct.error for ids outside uint32
             raise ValueError(
                 f"request {seq.request_id}: token ids must be integers in [0, 2**32): {exc}"

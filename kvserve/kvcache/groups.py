@@ -191,7 +191,7 @@ class FullAttentionGroup:
             if existing is None:
                 # New content, usually a long run of it (a prompt's blocks): one call.
                 j = i + 1
-                if anchors is None:
+                if anchors is None and j < end:  # (a decode fills one block at a time)
                     if index.keys().isdisjoint(hashes[j:end]):
                         j = end  # the common case, in one C-level pass
                     else:

@@ -102,7 +102,7 @@ class BlockHasher:
 
         Incremental: each chunk is hashed once, as its last token arrives. The
         new tokens are packed to little-endian uint32 in one call, then sliced;
-        `packed`, when given (and as long as `hashes`), gets those bytes too.
+        `packed`, when given and it ends where `hashes` do, gets those bytes too.
         """
         bs = self.block_size
         n = len(hashes)
@@ -116,7 +116,7 @@ class BlockHasher:
         if _BIG_ENDIAN:
             tokens.byteswap()
         data = tokens.tobytes()
-        if packed is not None:
+        if packed is not None and len(packed) == n * 4 * bs:
             packed += data
         digest = self._digest
         parent = hashes[-1] if n else self.root
