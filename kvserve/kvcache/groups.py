@@ -161,10 +161,7 @@ class FullAttentionGroup:
         hashes = seq.block_hashes
         tokens = seq.token_ids
         bs = self.block_size
-        width = 4 * bs
-        packed = seq.packed_tokens
-        if len(packed) < end * width:
-            packed = seq.packed_through(end, bs)
+        packed, width = seq.packed_through(end, bs), 4 * bs  # the tokens as hashed
         first_extra, other_extra = seq.extra_keys
         events = pool.events
         ids: list[int] = []
@@ -292,8 +289,7 @@ class SlidingWindowGroup(FullAttentionGroup):
         index_get = self.index.get
         bs = self.block_size
         tokens = seq.token_ids
-        packed = seq.packed_through(candidate, bs)
-        width = 4 * bs
+        packed, width = seq.packed_through(candidate, bs), 4 * bs
         first_extra, other_extra = seq.extra_keys
         verify = self.verify
         null = self.pool.null_block
