@@ -23,7 +23,9 @@ class KVBlock:
     ref_cnt: int = 0
     block_hash: bytes | None = None
     group: int = -1
-    token_ids: tuple[int, ...] | None = None
+    token_ids: bytes | None = None
+    """Its tokens as hashed (hashing.pack_tokens): bytes, which the garbage collector
+    never scans (a tuple of ints costs a visit per token in the collection after it)."""
     extra: bytes = b""
     parent_cache_id: int = 0
     cache_id: int = 0
@@ -53,7 +55,8 @@ class CacheEntry:
     slot: int
     block_hash: bytes
     group: int
-    token_ids: tuple[int, ...]
+    token_ids: bytes
+    """Packed, as KVBlock.token_ids."""
     extra: bytes
     parent_cache_id: int
     cache_id: int

@@ -146,7 +146,7 @@ class BlockPool:
         group: int,
         blocks: list[KVBlock],
         hashes: list[bytes],
-        token_ids: tuple[int, ...],
+        token_ids: bytes,
         first_extra: bytes,
         extra: bytes,
         parent_cache_id: int,
@@ -158,17 +158,19 @@ class BlockPool:
         width = len(token_ids) // len(blocks)
         parent = parent_cache_id
         first = self._next_cache_id
-        offset = 0
-        for block, block_hash, cache_id in zip(
-            blocks, hashes, range(first, first + len(blocks)), strict=True
+        for block, block_hash, cache_id, at in zip(
+            blocks,
+            hashes,
+            range(first, first + len(blocks)),
+            range(0, len(token_ids), width),
+            strict=True,
         ):
             block.block_hash = block_hash
             block.group = group
-            block.token_ids = token_ids[offset : offset + width]
+            block.token_ids = token_ids[at : at + width]
             block.extra = extra
             block.parent_cache_id = parent
             block.cache_id = parent = cache_id
-            offset += width
         # computed stays False until end_step; the loop checked the lengths
         self.index[group].update(zip(hashes, blocks, strict=False))
         blocks[0].extra = first_extra
@@ -182,7 +184,7 @@ class BlockPool:
         block: KVBlock,
         slot: int,
         block_hash: bytes,
-        token_ids: tuple[int, ...],
+        token_ids: bytes,
         extra: bytes,
         parent_cache_id: int,
     ) -> CacheEntry:

@@ -75,9 +75,9 @@ class Coordinator:
         """Sliding windows put the null block in tables: free() skips it."""
 
     def hash(self, seq: CacheSequence) -> None:
-        """Extend `seq.block_hashes` over its full hash blocks."""
+        """Extend `seq.block_hashes` (and `seq.packed_tokens`) over its full hash blocks."""
         try:
-            self.hasher.extend(seq.block_hashes, seq.token_ids, seq.extra_keys)
+            self.hasher.extend(seq.block_hashes, seq.token_ids, seq.extra_keys, seq.packed_tokens)
         except Exception as exc:  # struct.error for ids outside uint32
             raise ValueError(
                 f"request {seq.request_id}: token ids must be integers in [0, 2**32): {exc}"

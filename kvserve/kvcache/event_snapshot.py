@@ -28,6 +28,7 @@ from kvserve.kvcache.events import (
     KVEvent,
     wire_hash,
 )
+from kvserve.kvcache.hashing import unpack_tokens
 
 if TYPE_CHECKING:
     from kvserve.kvcache.manager import KVCacheManager
@@ -142,7 +143,7 @@ def snapshot_events(
                 BlockStored(
                     block_hashes=[wire_hash(b.block_hash, int_block_hashes)],
                     parent_block_hash=parent,
-                    token_ids=list(b.token_ids or ()),
+                    token_ids=unpack_tokens(b.token_ids or b""),
                     block_size=manager.block_size,
                     lora_id=None,
                     medium=medium,

@@ -63,15 +63,15 @@ class FullAttentionGroup:
             return hit
         held = seq.kv_blocks[self.group_id]
         parent = held[start - 1].cache_id if start else ROOT_CACHE_ID
-        bs = self.block_size
-        tokens = seq.token_ids
+        width = 4 * self.block_size
+        packed = seq.packed_through(max_blocks, self.block_size)
         first_extra, other_extra = seq.extra_keys
         for i in range(start, max_blocks):
             block = index_get(hashes[i])
             if (
                 block is None
                 or block.parent_cache_id != parent
-                or block.token_ids != tuple(tokens[i * bs : (i + 1) * bs])
+                or block.token_ids != bytes(packed[i * width : (i + 1) * width])
                 or block.extra != (other_extra if i else first_extra)
             ):
                 break
@@ -161,6 +161,7 @@ class FullAttentionGroup:
         hashes = seq.block_hashes
         tokens = seq.token_ids
         bs = self.block_size
+        packed, width = seq.packed_through(end, bs), 4 * bs  # the tokens as hashed
         first_extra, other_extra = seq.extra_keys
         events = pool.events
         ids: list[int] = []
@@ -187,16 +188,15 @@ class FullAttentionGroup:
             if existing is None:
                 # New content, usually a long run of it (a prompt's blocks): one call.
                 j = i + 1
-                if anchors is None:
+                if anchors is None and j < end:  # (a decode fills one block at a time)
                     if index.keys().isdisjoint(hashes[j:end]):
                         j = end  # the common case, in one C-level pass
                     else:
                         while j < end and hashes[j] not in index:
                             j += 1
                     j = self._without_repeats(hashes, i, j)
-                # Tuples of ints: the collector stops tracking them, so cached blocks
-                # do not lengthen every full collection.
-                run_tokens = tuple(tokens[i * bs : j * bs])
+                # The tokens as hashed (bytes): the collector never scans cached blocks.
+                run_tokens = bytes(packed[i * width : j * width])
                 parent = pool.register_run(
                     group_id,
                     held[i:j],
@@ -207,11 +207,11 @@ class FullAttentionGroup:
                     parent,
                 )
                 if events is not None:
-                    events.stored(group_id, seq, i, run_tokens, j)
+                    events.stored(group_id, seq, i, tokens[i * bs : j * bs], j)
                 ids.extend(range(parent - (j - i) + 1, parent + 1))
                 i = j
                 continue
-            block_tokens = tuple(tokens[i * bs : (i + 1) * bs])
+            block_tokens = bytes(packed[i * width : (i + 1) * width])
             if existing is held[i]:
                 parent = existing.cache_id
             elif (
@@ -289,6 +289,7 @@ class SlidingWindowGroup(FullAttentionGroup):
         index_get = self.index.get
         bs = self.block_size
         tokens = seq.token_ids
+        packed, width = seq.packed_through(candidate, bs), 4 * bs
         first_extra, other_extra = seq.extra_keys
         verify = self.verify
         null = self.pool.null_block
@@ -307,7 +308,7 @@ class SlidingWindowGroup(FullAttentionGroup):
                         anchors is not None
                         and (anchor is None or block.parent_cache_id != anchor.cache_id)
                     )
-                    or block.token_ids != tuple(tokens[i * bs : (i + 1) * bs])
+                    or block.token_ids != bytes(packed[i * width : (i + 1) * width])
                     or block.extra != (other_extra if i else first_extra)
                 ):
                     block = None

@@ -91,11 +91,18 @@ class BlockHasher:
         """H(parent, token_ids, extra) for one full block."""
         return self._digest(parent + self._pack(*token_ids) + extra)
 
-    def extend(self, hashes: list[bytes], token_ids: list[int], extra: tuple[bytes, bytes]) -> None:
+    def extend(
+        self,
+        hashes: list[bytes],
+        token_ids: list[int],
+        extra: tuple[bytes, bytes],
+        packed: bytearray | None = None,
+    ) -> None:
         """Append the hashes of blocks that became full since the last call.
 
         Incremental: each chunk is hashed once, as its last token arrives. The
-        new tokens are packed to little-endian uint32 in one call, then sliced.
+        new tokens are packed to little-endian uint32 in one call, then sliced;
+        `packed`, when given and it ends where `hashes` do, gets those bytes too.
         """
         bs = self.block_size
         n = len(hashes)
@@ -103,12 +110,14 @@ class BlockHasher:
         if n >= end:
             return
         try:
-            packed = array("I", token_ids[n * bs : end * bs])
+            tokens = array("I", token_ids[n * bs : end * bs])  # pack_tokens, inline
         except OverflowError:
             raise ValueError("token ids must be integers in [0, 2**32)") from None
         if _BIG_ENDIAN:
-            packed.byteswap()
-        data = packed.tobytes()
+            tokens.byteswap()
+        data = tokens.tobytes()
+        if packed is not None and len(packed) == n * 4 * bs:
+            packed += data
         digest = self._digest
         parent = hashes[-1] if n else self.root
         first_extra, other_extra = extra
@@ -117,19 +126,38 @@ class BlockHasher:
         if n == 0:
             parent = digest(parent + data[:width] + first_extra)
             hashes.append(parent)
-            n, offset = 1, width
+            offset = width
         append = hashes.append
         new = self._new
+        starts = range(offset, len(data), width)
         if new is not None and not other_extra:  # the common case: no LoRA
-            for _ in range(n, end):
-                parent = new(parent + data[offset : offset + width]).digest()
-                offset += width
+            for at in starts:
+                parent = new(parent + data[at : at + width]).digest()
                 append(parent)
             return
-        for _ in range(n, end):
-            parent = digest(parent + data[offset : offset + width] + other_extra)
-            offset += width
+        for at in starts:
+            parent = digest(parent + data[at : at + width] + other_extra)
             append(parent)
+
+
+def pack_tokens(token_ids: list[int]) -> bytes:
+    """Token ids as little-endian uint32 bytes: what a block's hash covers, and what a
+    cached block keeps to verify a hit (bytes: nothing for the garbage collector to scan)."""
+    try:
+        packed = array("I", token_ids)
+    except OverflowError:
+        raise ValueError("token ids must be integers in [0, 2**32)") from None
+    if _BIG_ENDIAN:
+        packed.byteswap()
+    return packed.tobytes()
+
+
+def unpack_tokens(data: bytes) -> list[int]:
+    """The token ids `pack_tokens` packed."""
+    tokens = array("I", data)
+    if _BIG_ENDIAN:
+        tokens.byteswap()
+    return tokens.tolist()
 
 
 _BIG_ENDIAN = sys.byteorder == "big"

@@ -64,7 +64,6 @@ class InflatedAttentionGroup:
         hit: list[CacheEntry] = []
         parent = ROOT_CACHE_ID
         hb = self.hash_block_size
-        tokens = seq.token_ids
         first_extra, other_extra = seq.extra_keys
         verify = self.verify
         for i in range(max_hash_blocks):
@@ -73,7 +72,7 @@ class InflatedAttentionGroup:
                 break
             if verify and (
                 entry.parent_cache_id != parent
-                or entry.token_ids != tuple(tokens[i * hb : (i + 1) * hb])
+                or entry.token_ids != seq.packed_blocks(i, i + 1, hb)
                 or entry.extra != (other_extra if i else first_extra)
             ):
                 break
@@ -198,7 +197,7 @@ class InflatedAttentionGroup:
             parent = previous.cache_id
         for i in range(start, end):
             block_hash = hashes[i]
-            block_tokens = tuple(tokens[i * hb : (i + 1) * hb])
+            block_tokens = seq.packed_blocks(i, i + 1, hb)
             extra = other_extra if i else first_extra
             existing = index.get(block_hash)
             m, j = divmod(i, k)
@@ -208,7 +207,7 @@ class InflatedAttentionGroup:
                 )
                 parent = entry.cache_id
                 if events is not None:
-                    events.stored(self.group_id, seq, i, block_tokens)
+                    events.stored(self.group_id, seq, i, tokens[i * hb : (i + 1) * hb])
             elif existing.block is held[m] and existing.slot == j:
                 parent = existing.cache_id
             elif (

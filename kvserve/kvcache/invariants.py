@@ -8,6 +8,7 @@ and 13 on the manager's own records (every request it tracks). 4, 5, 8, 9, 10 an
 from __future__ import annotations
 
 from kvserve.kvcache.block import CacheEntry, KVBlock
+from kvserve.kvcache.hashing import pack_tokens
 from kvserve.kvcache.manager import KVCacheManager
 from kvserve.kvcache.sequence import CacheSequence
 
@@ -38,7 +39,7 @@ def count_duplicate_blocks(manager: KVCacheManager, num_computed: dict[str, int]
         for seq in seqs:
             table: list[KVBlock] = seq.kv_blocks[group.group_id]
             full = min(num_computed[seq.request_id], len(seq.token_ids)) // bs
-            manager.hasher.extend(seq.block_hashes, seq.token_ids, seq.extra_keys)
+            manager.coordinator.hash(seq)
             # Inside a step, a block queued for a late merge already counts as its copy.
             merged = {i: copy for g, i, copy in seq.merges if g == group.group_id}
             for i in range(min(full, len(table))):
@@ -128,7 +129,7 @@ def check_invariants(
                 raise InvariantError(f"block {block.block_id} still pending between steps")
     for seq in seqs:
         if len(seq.block_hashes) * bs < len(seq.token_ids) - bs + 1:
-            manager.hasher.extend(seq.block_hashes, seq.token_ids, seq.extra_keys)
+            manager.coordinator.hash(seq)
         if between_steps and seq.transient:
             raise InvariantError(f"{seq.request_id}: step-only blocks held between steps")
         # 6. hashes are of the token list, which holds accepted tokens only (never a
@@ -154,7 +155,7 @@ def check_invariants(
                     raise InvariantError(
                         f"{seq.request_id}: block {i} is cached under another prefix's hash"
                     )
-                if block.token_ids != tuple(seq.token_ids[i * bs : (i + 1) * bs]):
+                if block.token_ids != pack_tokens(seq.token_ids[i * bs : (i + 1) * bs]):
                     raise InvariantError(
                         f"{seq.request_id}: block {i} tokens differ from its entry"
                     )

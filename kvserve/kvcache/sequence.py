@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from kvserve.kvcache.block import KVBlock
+from kvserve.kvcache.hashing import pack_tokens
 from kvserve.kvcache.plan import CopyOp, StatePlan
+
+_block_id = attrgetter("block_id")
 
 
 @dataclass(slots=True, eq=False)
@@ -25,6 +29,9 @@ class CacheSequence:
     cache_salt: str | None = None
     block_hashes: list[bytes] = field(default_factory=list)
     """One chained hash per full hash block, extended as tokens are added."""
+    packed_tokens: bytearray = field(default_factory=bytearray)
+    """The leading tokens as hashed (hashing.pack_tokens, 4 bytes a token), kept from
+    hashing: what a block registered for them keeps, what a hit is verified against."""
     extra_keys: tuple[bytes, bytes] = (b"", b"")
     kv_blocks: list[list[KVBlock]] = field(default_factory=list)
     """Per group, the physical blocks of this request's block table."""
@@ -65,6 +72,20 @@ class CacheSequence:
     def num_tokens(self) -> int:
         return len(self.token_ids)
 
+    def packed_through(self, end: int, block_size: int) -> bytearray:
+        """`packed_tokens` covering hash blocks 0..end-1 at least (whatever hashing
+        did not pack, hashes extended by someone else, is packed here)."""
+        packed = self.packed_tokens
+        have = len(packed) // 4
+        if have < end * block_size:
+            packed += pack_tokens(self.token_ids[have : end * block_size])
+        return packed
+
+    def packed_blocks(self, start: int, end: int, block_size: int) -> bytes:
+        """The packed tokens of hash blocks `start..end-1`."""
+        width = 4 * block_size
+        return bytes(self.packed_through(end, block_size)[start * width : end * width])
+
     def table_changed(self, group: int) -> None:
         """An entry of group `group`'s table was replaced (not just appended)."""
         self.table_ids[group] = ()
@@ -77,7 +98,7 @@ class CacheSequence:
         for group, table in enumerate(self.kv_blocks):
             ids = cached[group]
             if len(ids) != len(table):
-                cached[group] = ids + tuple(b.block_id for b in table[len(ids) :])
+                cached[group] = ids + tuple(map(_block_id, table[len(ids) :]))
         self.plan_ids = tuple(cached)
         return self.plan_ids
 

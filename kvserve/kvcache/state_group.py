@@ -68,7 +68,7 @@ class MambaStateGroup:
         i = c - 1
         if (
             page.parent_cache_id != anchors[i].cache_id
-            or page.token_ids != tuple(seq.token_ids[i * hb : (i + 1) * hb])
+            or page.token_ids != seq.packed_blocks(i, i + 1, hb)
             or page.extra != (seq.extra_keys[1] if i else seq.extra_keys[0])
         ):
             return None
@@ -149,7 +149,7 @@ class MambaStateGroup:
     ) -> None:
         hb = self.hash_block_size
         i = position // hb - 1
-        block_tokens = tuple(seq.token_ids[i * hb : (i + 1) * hb])
+        block_tokens = seq.packed_blocks(i, i + 1, hb)
         extra = seq.extra_keys[1] if i else seq.extra_keys[0]
         hashes = [seq.block_hashes[i]]
         self.pool.register_run(
@@ -157,7 +157,7 @@ class MambaStateGroup:
         )
         events = self.pool.events
         if events is not None:
-            events.stored(self.group_id, seq, i, block_tokens)
+            events.stored(self.group_id, seq, i, seq.token_ids[i * hb : (i + 1) * hb])
 
     def touch_hit(self, page: KVBlock) -> None:
         """A hit moves its snapshot to the young end of the share (LRU)."""

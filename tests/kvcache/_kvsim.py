@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvserve.kvcache import CacheSequence, KVCacheManager, PrefixHit, check_invariants
+from kvserve.kvcache.hashing import pack_tokens
 
 VOCAB = 3
 
@@ -99,7 +100,7 @@ class Sim:
             return
         for j, block in enumerate(blocks):
             i = held + j
-            assert block.token_ids == tuple(seq.token_ids[i * bs : (i + 1) * bs])
+            assert block.token_ids == pack_tokens(seq.token_ids[i * bs : (i + 1) * bs])
             assert self.content.get(block.block_id) == prefix_key(seq, i, bs), "wrong hit"
         end = (held + k) * bs
         if k == 0:

@@ -45,6 +45,7 @@ from kvserve.kvcache import (
     PrefixHit,
     check_invariants,
 )
+from kvserve.kvcache.hashing import unpack_tokens
 from kvserve.kvcache.specs import SlidingWindowSpec
 
 PREFIXES = [[], [0, 1, 2, 0, 1, 2, 0, 1], [1, 1, 1, 1, 1, 1], [2, 0, 2, 0, 2]]
@@ -169,7 +170,7 @@ class HybridMachine(RuleBasedStateMachine):
                         nulls += 1
                         continue
                     i = held + j
-                    assert list(block.token_ids) == seq.token_ids[i * bs : (i + 1) * bs]
+                    assert unpack_tokens(block.token_ids) == seq.token_ids[i * bs : (i + 1) * bs]
                     assert self.content.get(block.block_id) == self.key(g, seq, i), "wrong hit"
             end = (held + k) * bs
             assert k > 0 and end <= n
