@@ -241,6 +241,8 @@ class Scheduler:
             out.chunks.append(ScheduledChunk(req, computed, num_new))
             budget -= num_new
         waiting.extendleft(reversed(deferred))
+        if self.config.max_loras:  # each adapter's rows side by side (kvserve.lora.slots)
+            out.chunks.sort(key=lambda c: c.request.lora_name or "")
         self.stats.manager_seconds += clock() - t0
         return out
 

@@ -26,7 +26,8 @@ from kvserve.model.checkpoint.config import ModelConfig
 class LoRABatch:
     """This step's rows per resident adapter: (slot, row indices or None for all rows)."""
 
-    active: list[tuple[int, torch.Tensor | None]] = field(default_factory=list)
+    active: list[tuple[int, torch.Tensor | slice | None]] = field(default_factory=list)
+    """Rows: None (every row), a slice (side by side: views, no copies) or indices."""
 
 
 @dataclass
@@ -86,13 +87,14 @@ class LoRAProjection(nn.Module):
             u = self.updates.get(slot)
             if u is None:
                 continue
-            xs = x if rows is None else x.index_select(0, rows)
+            if rows is None or isinstance(rows, slice):
+                part = slice(None) if rows is None else rows
+                delta = nn.functional.linear(nn.functional.linear(x[part], u.lora_a), u.lora_b)
+                y[part] += delta.mul_(u.scaling)
+                continue
+            xs = x.index_select(0, rows)
             delta = nn.functional.linear(nn.functional.linear(xs, u.lora_a), u.lora_b)
-            delta = delta * u.scaling
-            if rows is None:
-                y += delta
-            else:
-                y.index_add_(0, rows, delta)
+            y.index_add_(0, rows, delta.mul_(u.scaling))
         return y
 
 

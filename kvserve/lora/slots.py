@@ -78,14 +78,17 @@ class LoRASlots:
                 adapters[key] = chunk.lora
                 rows.setdefault(key, []).extend(range(start, start + width))
             start += width
-        active: list[tuple[int, torch.Tensor | None]] = []
+        active: list[tuple[int, torch.Tensor | slice | None]] = []
         in_step = set(adapters)
         for key, adapter in adapters.items():
             slot = self._slot(adapter, in_step)
             mine = rows[key]
-            every = len(adapters) == 1 and len(mine) == start
-            index = None if every else torch.tensor(mine, dtype=torch.long, device=self.device)
-            active.append((slot, index))
+            if len(mine) == start:
+                active.append((slot, None))  # every row
+            elif mine[-1] - mine[0] + 1 == len(mine):  # side by side (the scheduler sorts)
+                active.append((slot, slice(mine[0], mine[-1] + 1)))
+            else:
+                active.append((slot, torch.tensor(mine, dtype=torch.long, device=self.device)))
         self.batch.active = active
 
     def _slot(self, adapter: Adapter, in_step: set[str]) -> int:
