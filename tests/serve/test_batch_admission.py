@@ -250,12 +250,15 @@ def finished(server: Server, reason: str) -> float:
     return metric(scrape(server), "kvserve:request_success_total", finished_reason=reason)
 
 
-def send_and_leave(server: Server, path: str, body: dict[str, Any], queued: bool) -> None:
+def send_and_leave(
+    server: Server, path: str, body: dict[str, Any], queued: bool, key: str | None = None
+) -> None:
     """POST `body` on a raw socket and hang up: once the engine has work (`queued`), or at
-    once (its prompts may still be tokenized)."""
+    once (its prompts may still be tokenized); `key`: the API key sent."""
     raw = json.dumps(body).encode()
+    auth = f"Authorization: Bearer {key}\r\n" if key else ""
     head = (
-        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"POST {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\n"
         f"Content-Length: {len(raw)}\r\n\r\n"
     )
     host, port = server.url.removeprefix("http://").split(":")

@@ -11,14 +11,13 @@ response early has it aborted.
 
 from __future__ import annotations
 
-import json
-import socket
 import time
 
 import httpx
 import pytest
 
 from tests.serve.conftest import metric, scrape, start_server, stop_server
+from tests.serve.test_batch_admission import send_and_leave
 
 KEY = {"Authorization": "Bearer k"}
 STORE_MB = 0.05
@@ -167,20 +166,9 @@ def test_a_responses_client_that_leaves_has_its_request_aborted(keyed, stream):
         with httpx.stream("POST", url, json=body, headers=KEY, timeout=60) as resp:
             assert resp.status_code == 200
             next(resp.iter_lines())
-    else:  # sent on a raw socket, closed once the engine runs it (a timeout could fire
-        # before a busy server has even read the request: then there is nothing to abort)
-        raw = json.dumps(body).encode()
-        head = (
-            f"POST /v1/responses HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(raw)}\r\n\r\n"
-        )
-        host, port = keyed.url.removeprefix("http://").split(":")
-        with socket.create_connection((host, int(port))) as sock:
-            sock.sendall(head.encode() + raw)
-            deadline = time.monotonic() + 30
-            while metric(scrape(keyed), "kvserve:num_requests_running") == 0:
-                assert time.monotonic() < deadline, "the request never ran"
-                time.sleep(0.05)
+    else:  # gone once the engine has it (a client timeout could fire before a busy server
+        # had read the request: then there is nothing to abort)
+        send_and_leave(keyed, "/v1/responses", body, queued=True, key="k")
 
     def settled() -> bool:
         values = scrape(keyed)
