@@ -23,7 +23,6 @@ from kvserve.serve.responses_api.store import RESPONSES_STORE_MB, RESPONSES_STOR
 from kvserve.tool_calls.registry import PARSERS
 
 if TYPE_CHECKING:
-    from kvserve.serve.http.adapters import AdapterModule
     from kvserve.serve.http.limits import ServeLimits
 
 API_KEY_ENV = "KVSERVE_API_KEY"
@@ -192,25 +191,6 @@ def limits_from(args: argparse.Namespace) -> ServeLimits:
     )
 
 
-def lora_modules(texts: list[str] | None, max_lora_rank: int) -> list[AdapterModule]:
-    """`--lora-modules` read, and each adapter's files checked before the engine is built
-    (the base model's shapes are checked once it is): a ValueError naming the bad one."""
-    from kvserve.lora.request import LoRARequest, resolve_adapter
-    from kvserve.serve.http.adapters import parse_lora_module
-
-    modules = [parse_lora_module(text) for text in texts or []]
-    seen: set[str] = set()
-    for module in modules:
-        if module.name in seen:
-            raise ValueError(f"--lora-modules: the name {module.name!r} is given twice")
-        seen.add(module.name)
-        try:
-            resolve_adapter(LoRARequest(module.name, 1, module.path), max_lora_rank)
-        except ValueError as exc:
-            raise ValueError(f"--lora-modules: {exc}") from None
-    return modules
-
-
 def model_from(args: argparse.Namespace) -> str | None:
     """MODEL or --model (both given, they must agree)."""
     if args.model_arg is not None and args.model is not None and args.model_arg != args.model:
@@ -227,8 +207,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.responses_store_mb >= 0:
         raise ValueError(f"--responses-store-mb must be >= 0, got {args.responses_store_mb}")
     engine_args = engine_args_from(args)
-    args.lora_modules = lora_modules(args.lora_modules, engine_args.max_lora_rank)
-    engine_args.enable_lora = engine_args.enable_lora or bool(args.lora_modules)
+    from kvserve.serve.build import lora_options  # the engine's imports: only to serve
+
+    lora_options(args, engine_args)
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     if args.data_parallel_size > 1 and engine_args.enable_lora:
         raise ValueError(

@@ -151,6 +151,9 @@ def serve_argv(args: dict[str, Any]) -> list[str]:
             elif wanted != action.default:
                 raise ValueError(f"{key}: {value!r} cannot be said with {flag}")
             continue
+        if isinstance(value, list) and action.nargs in ("+", "*"):  # --lora-modules A=x B=y
+            argv += [flag, *(json.dumps(v) if isinstance(v, dict) else str(v) for v in value)]
+            continue
         text = json.dumps(value) if isinstance(value, dict | list) else str(value)
         argv.append(f"{flag}={text}")
     parse_serve_argv(argv)

@@ -31,7 +31,7 @@ from kvserve.cli.engine_options import engine_args_from
 from kvserve.cli.serve import API_KEY_ENV, limits_from
 from kvserve.ray.asgi import run_asgi
 from kvserve.ray.options import parse_serve_argv
-from kvserve.serve.build import build_served_engine
+from kvserve.serve.build import build_served_engine, lora_options
 from kvserve.serve.http.engine_thread import freeze_heap
 
 log = logging.getLogger("kvserve.ray")
@@ -58,6 +58,7 @@ class KVServeReplica:
     def __init__(self, serve_argv: list[str]) -> None:
         args = parse_serve_argv(serve_argv)
         engine_args = engine_args_from(args)
+        lora_options(args, engine_args)  # --lora-modules, as `kvserve serve` reads them
         self.host = ray.util.get_node_ip_address()
         engine_args.kv_events_config = node_events(engine_args.kv_events_config, self.host)
         api_key = args.api_key or os.environ.get(API_KEY_ENV) or None

@@ -14,8 +14,9 @@ from fastapi import FastAPI
 
 from kvserve.engine.engine_args import EngineArgs
 from kvserve.llm import LLM
+from kvserve.lora.request import LoRARequest, resolve_adapter
 from kvserve.serve.app import create_app
-from kvserve.serve.http.adapters import AdapterModule, ServedAdapters
+from kvserve.serve.http.adapters import AdapterModule, ServedAdapters, parse_lora_module
 from kvserve.serve.http.engine_thread import EngineThread
 from kvserve.serve.http.kv_metadata import kv_metadata_body
 from kvserve.serve.http.limits import ServeLimits
@@ -105,3 +106,30 @@ def served_adapters(llm: LLM, name: str, modules: list[AdapterModule]) -> Served
         adapters.add(lora, adapter.identity, module.base_model_name)
         log.info("LoRA adapter %r: %s (%s)", module.name, module.path, adapter.identity[:24])
     return adapters
+
+
+def lora_options(args: argparse.Namespace, engine_args: EngineArgs) -> None:
+    """`--lora-modules` read into `args` (each adapter's files checked, before the engine is
+    built) and `--enable-lora` turned on by them: what `kvserve serve` and a Ray Serve
+    replica both do with `kvserve serve`'s options."""
+    texts = getattr(args, "lora_modules", None) or []
+    if texts and isinstance(texts[0], AdapterModule):
+        return  # read already
+    args.lora_modules = _read_lora_modules(texts, engine_args.max_lora_rank)
+    engine_args.enable_lora = engine_args.enable_lora or bool(args.lora_modules)
+
+
+def _read_lora_modules(texts: list[str], max_lora_rank: int) -> list[AdapterModule]:
+    """`--lora-modules` read, and each adapter's files checked before the engine is built
+    (the base model's shapes are checked once it is): a ValueError naming the bad one."""
+    modules = [parse_lora_module(text) for text in texts]
+    seen: set[str] = set()
+    for module in modules:
+        if module.name in seen:
+            raise ValueError(f"--lora-modules: the name {module.name!r} is given twice")
+        seen.add(module.name)
+        try:
+            resolve_adapter(LoRARequest(module.name, 1, module.path), max_lora_rank)
+        except ValueError as exc:
+            raise ValueError(f"--lora-modules: {exc}") from None
+    return modules

@@ -3,6 +3,7 @@ what `serve run kvserve.ray:app ...` and `serve deploy config.yaml` would deploy
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -80,3 +81,30 @@ def test_every_engine_option_by_name_and_deployment_options_pass_through():
 def test_a_bad_argument_is_a_value_error_naming_it(args, named):
     with pytest.raises(ValueError, match=re.escape(named)):
         ray_options(args)
+
+
+def test_lora_modules_reach_the_replica_as_serve_reads_them(tmp_path):
+    """A list of adapters (a Serve config's YAML list) becomes `--lora-modules A B`, which a
+    replica reads as `kvserve serve` does: each adapter checked, --enable-lora turned on."""
+    from kvserve.cli.engine_options import engine_args_from
+    from kvserve.ray.options import parse_serve_argv
+    from kvserve.serve.build import lora_options
+
+    adapter = tmp_path / "a"
+    adapter.mkdir()
+    config = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj"]}
+    (adapter / "adapter_config.json").write_text(json.dumps(config))
+    (adapter / "adapter_model.safetensors").write_bytes(b"")
+    modules = [f"sql={adapter}", {"name": "chat", "path": str(adapter)}]
+    built = app({"model": "demo:random", "lora_modules": modules})
+    _, engine = deployments(built)
+    argv = engine.init_args[0]
+    args = parse_serve_argv(argv)
+    engine_args = engine_args_from(args)
+    lora_options(args, engine_args)
+    assert [m.name for m in args.lora_modules] == ["sql", "chat"]
+    assert engine_args.enable_lora
+    # Checked where the replica runs (the paths are the replica's node's), not by the builder.
+    bad = parse_serve_argv(["--lora-modules", f"x={tmp_path / 'none'}"])
+    with pytest.raises(ValueError, match="lora-modules"):
+        lora_options(bad, engine_args_from(bad))
