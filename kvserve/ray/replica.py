@@ -86,8 +86,15 @@ class KVServeReplica:
         kv = dataclasses.asdict(snap) if snap is not None else {}
         kv.pop("finished", None)
         kv.pop("dropped_writes", None)
+        adapters = state.adapters.metadata() if state.adapters is not None else []
         return {
-            "kvserve": {**(state.kv_metadata or {}), "boot": self.boot, "host": self.host, "kv": kv}
+            "kvserve": {
+                **(state.kv_metadata or {}),
+                "lora_adapters": adapters,  # their identities: the router hashes with them
+                "boot": self.boot,
+                "host": self.host,
+                "kv": kv,
+            }
         }
 
     def check_health(self) -> None:
