@@ -39,6 +39,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "there first, then the request on a --decode engine, which pulls its blocks",
     )
     p.add_argument(
+        "--prefill-min-tokens",
+        type=int,
+        default=256,
+        metavar="N",
+        help="with --prefill: a prompt with fewer uncached tokens skips the prefill engine "
+        "(the decode engine computes it sooner than it would wait there)",
+    )
+    p.add_argument(
         "--decode",
         action="append",
         default=[],
@@ -104,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
         max_request_bytes=args.max_request_bytes,  # None: the router's default
         roles={**dict.fromkeys(args.prefill, "prefill"), **dict.fromkeys(args.decode, "decode")},
     )
+    state.prefill_min_tokens = args.prefill_min_tokens
     if serve_router(state, args.host, args.port, args.shutdown_timeout, args.log_level):
         logging.getLogger("kvserve.router").info("stopped")
     return 0

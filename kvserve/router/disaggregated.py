@@ -36,8 +36,14 @@ def disaggregated(state: RouterState) -> bool:
 async def prefill_first(
     request: Request, state: RouterState, path: str, body: Any, prediction: Prediction
 ) -> None:
-    """Run `body`'s prompt on the best prefill engine (nothing happens where none is up)."""
+    """Run `body`'s prompt on the best prefill engine (nothing happens where none is up, or
+    for a prompt of fewer than `prefill_min_tokens` not yet cached on a decode engine: it
+    would wait behind long prompts there for less than the decode engine computes itself)."""
     if not isinstance(body, dict):
+        return
+    decode_hit = max((prediction.hit(r.index) for r in state.replicas if r.role != "prefill"),
+                     default=0)  # fmt: skip
+    if prediction.num_tokens - decode_hit < state.prefill_min_tokens:
         return
     loads = [r.load(r.role != "prefill") for r in state.replicas]
     hits = [prediction.hit(r.index) for r in state.replicas]

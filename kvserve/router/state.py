@@ -60,6 +60,9 @@ class RouterState:
     """The long bodies' copy of the tokenizer (made when the state is)."""
     long_work: Future[Any] | None = None
     """The long body being tokenized (a new one waits for nobody: none while it runs)."""
+    prefill_min_tokens: int = 256
+    """With prefill engines: a prompt with fewer new tokens is computed by the decode engine
+    (disaggregated.py)."""
     draining: bool = False
     in_flight: int = 0
     """Requests being answered (the drain waits for 0)."""

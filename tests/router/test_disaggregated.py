@@ -31,7 +31,8 @@ def split(demo):
         start_replica(demo, extra=("--kv-transfer-config", json.dumps(consumer)), wait=False),
     ]  # fmt: skip
     prefill, decode = [wait_healthy(s) for s in started]
-    router = start_command(["route", "--prefill", prefill.url, "--decode", decode.url], demo)
+    route = ["route", "--prefill", prefill.url, "--decode", decode.url]
+    router = start_command([*route, "--prefill-min-tokens", "16"], demo)  # LONG is ~90
     try:
         yield prefill, decode, router
     finally:
