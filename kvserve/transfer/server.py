@@ -1,6 +1,7 @@
 """The producer's side: its tiers' blocks served to consumers over ZMQ.
 
-One thread, one ROUTER socket: a request names the fingerprint the consumer's
+One thread, one ROUTER socket, no authentication: bind it (`kv_ip`) to a private
+network only. A request names the fingerprint the consumer's
 blocks are keyed under (model, dtype, layout, block size, hashing: the tiers' own)
 and the keys it wants; the answer is each payload (or nothing) with its xxh64, so
 the consumer can tell a block that arrived whole from one that did not. A
@@ -21,6 +22,11 @@ from kvserve.offload.store import TierStack
 
 log = logging.getLogger("kvserve.transfer")
 
+MAX_REQUEST_BYTES = 1 << 20
+"""A larger request is dropped by ZMQ itself (its peer's connection closed)."""
+MAX_KEYS = 1024
+"""Keys one request may ask for (a consumer asks for one)."""
+
 
 class BlockServer:
     """Serves `store`'s blocks on `endpoint` until `close`."""
@@ -31,6 +37,7 @@ class BlockServer:
         self.context: zmq.Context[Any] = zmq.Context.instance()
         self.socket = self.context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.setsockopt(zmq.MAXMSGSIZE, MAX_REQUEST_BYTES)
         try:
             self.socket.bind(endpoint)
         except zmq.ZMQError as exc:
@@ -62,6 +69,8 @@ class BlockServer:
 
     def _answer(self, body: bytes) -> bytes:
         op, fingerprint, keys = msgspec.msgpack.decode(body)
+        if not isinstance(keys, list) or len(keys) > MAX_KEYS:
+            raise ValueError(f"keys must be a list of at most {MAX_KEYS}")
         if fingerprint != self.fingerprint:
             return msgspec.msgpack.encode(["fingerprint", None])
         if op == "contains":

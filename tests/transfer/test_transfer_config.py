@@ -41,3 +41,39 @@ def test_a_producer_without_a_cpu_tier_is_refused(checkpoints):
     with pytest.raises(ValueError, match="offload cpu:SIZE"):
         LLM(checkpoints["llama"].path, block_size=4, num_kv_blocks=16, num_threads=1,
             kv_transfer_config={"kv_role": "kv_producer", "kv_port": 15001})  # fmt: skip
+
+
+def test_the_block_server_answers_hostile_requests_and_goes_on(tmp_path):
+    """Nonsense, too many keys, another fingerprint: an error or an empty answer, never a
+    crash; a well-formed ask is answered after them."""
+    import msgspec
+    import zmq
+
+    from kvserve.offload.cpu_tier import CpuTier
+    from kvserve.offload.store import TierStack
+    from kvserve.transfer.server import MAX_KEYS, BlockServer
+    from tests._ports import free_port
+
+    store = TierStack([CpuTier(1 << 20)])
+    store.put(b"k", b"payload")
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    server = BlockServer(store, b"fp", endpoint)
+    sock = zmq.Context.instance().socket(zmq.REQ)
+    sock.setsockopt(zmq.RCVTIMEO, 5000)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    try:
+        too_many = msgspec.msgpack.encode(["get", b"fp", [b"k"] * (MAX_KEYS + 1)])
+        unknown = msgspec.msgpack.encode(["nope", b"fp", []])
+        for bad in (b"\xff\x00garbage", too_many, unknown):
+            sock.send(bad)
+            assert msgspec.msgpack.decode(sock.recv())[0] == "error"
+        sock.send(msgspec.msgpack.encode(["get", b"other", [b"k"]]))
+        assert msgspec.msgpack.decode(sock.recv()) == ["fingerprint", None]
+        sock.send(msgspec.msgpack.encode(["get", b"fp", [b"k"]]))
+        status, payloads = msgspec.msgpack.decode(sock.recv())
+        assert status == "ok" and payloads[0][0] == b"payload"
+    finally:
+        sock.close()
+        server.close()
+        store.close()
