@@ -55,6 +55,10 @@ def fair_share_claim(
     seatless, it lacks neither a seat nor blocks, or room cannot be made for it."""
     if not waiting or not running:
         return None
+    if len(running) < max_num_seqs and manager.num_free_blocks >= manager.blocks_for_tokens(
+        chunk_tokens
+    ):
+        return None  # a seat is free and the blocks hold any first chunk: nothing to claim
     seats = Counter(r.client_id for r in running)
     if seats.most_common(1)[0][1] < 2:
         return None  # every client request holds one seat: none has one to give
@@ -68,7 +72,10 @@ def fair_share_claim(
         return None  # a seat and blocks are free: it is admitted in its turn
     # Only from client requests no more urgent than it (--scheduling-policy priority).
     held = Counter(r.client_id for r in running if r.priority >= seatless.priority)
-    newest = {client: [r for r in running if r.client_id == client] for client in held}
+    newest: dict[str, list[Request]] = {}
+    for r in running:
+        if r.client_id in held:
+            newest.setdefault(r.client_id, []).append(r)
     victims: list[Request] = []
     while need_seat or shortfall > 0:
         if not held:
