@@ -3,6 +3,7 @@ line (`kvserve.cli.engine_options` derives its flags, types, defaults and help f
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,6 +12,16 @@ ATTENTION_BACKENDS = ("plain", "flex", "triton")
 (torch-free here)."""
 SCHEDULING_POLICIES = ("fcfs", "priority")
 """vLLM's `--scheduling-policy` values (kvserve.engine.waiting_queue: what each does)."""
+
+
+EXACT_ENV = "KVSERVE_EXACT"
+"""Set to 1 to make every engine this process (and its children) starts exact (the test
+suite does: its oracles compare bits with transformers)."""
+
+
+def exact_from_env() -> bool:
+    """Whether $KVSERVE_EXACT turns `exact` on (1, true, yes or on)."""
+    return os.environ.get(EXACT_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def _help(text: str) -> dict[str, str]:
@@ -83,6 +94,13 @@ class EngineArgs:
             "many times slower (a warning says so): use bfloat16 or float32 there"
         ),
     )
+    exact: bool = field(
+        default=False,
+        metadata=_help("CPU float32: matmuls as transformers computes them (F.linear, token for "
+                       "token its output) instead of the default's weights packed for oneDNN "
+                       "(faster; the last bits differ, so a near tie can pick another token); "
+                       "KVSERVE_EXACT=1 turns it on too"),
+    )  # fmt: skip
     quantization: str = field(
         default="none",
         metadata=_help("weights of the linear layers, CPU only: none (the dtype's), int8 (per "

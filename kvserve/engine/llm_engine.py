@@ -64,6 +64,7 @@ class LLMEngine:
             draft_model=draft_model_path(args.speculative_config),
             max_loras=args.max_loras if args.enable_lora else 0,
             max_cpu_loras=args.max_cpu_loras or args.max_loras,
+            exact=args.exact,
         )
         self._setup(runner, args)
 

@@ -111,6 +111,7 @@ class EngineTiers:
 def _model_io(runner: Any, args: EngineArgs) -> tuple[Any, bytes]:
     """The model runner's K/V tensors as blocks, and the fingerprint keying the tiers."""
     from kvserve.model.memory.kv_io import KVBlockIO, kv_fingerprint
+    from kvserve.model.quant.onednn_linear import onednn_available
 
     if runner.model_dir is None:
         raise ValueError("offload needs a model checkpoint (its fingerprint keys the tiers)")
@@ -122,6 +123,8 @@ def _model_io(runner: Any, args: EngineArgs) -> tuple[Any, bytes]:
         args.hash_fn,
         args.hash_seed,
         runner.quantization,
+        packed_float32=str(runner.dtype) == "torch.float32"
+        and onednn_available(runner.dtype, runner.device, runner.exact),
     )
     layout = runner.layer_groups
     return KVBlockIO(runner.kv_tensors, layout.layer_group, layout.layer_slot), fingerprint

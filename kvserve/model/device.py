@@ -75,8 +75,9 @@ def default_device() -> torch.device:
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     """ "auto" is float32 on the CPU and bfloat16 on CUDA (float16 where it has none).
 
-    float32 on every CPU: exact, and on a CPU without native bfloat16 (cpu_dtype_reason)
-    also the fastest, where bfloat16 is emulated through float32.
+    float32 on every CPU: on a CPU without native bfloat16 (cpu_dtype_reason) the fastest,
+    where bfloat16 is emulated through float32; its matmuls are oneDNN's packed ones unless
+    the engine is exact (kvserve.model.quant.onednn_linear).
     """
     if name == "auto":
         if device.type == "cuda":
@@ -115,16 +116,25 @@ def cpu_dtype_warning(dtype: torch.dtype, cpu: CpuFeatures) -> str:
     return cpu_bfloat16_warning(cpu) if dtype == torch.bfloat16 else ""
 
 
-def cpu_dtype_reason(name: str, dtype: torch.dtype, cpu: CpuFeatures, quantization: str) -> str:
-    """The start-up line's words on the CPU: the CPU, its features, the dtype and why."""
+def cpu_dtype_reason(
+    name: str, dtype: torch.dtype, cpu: CpuFeatures, quantization: str, exact: bool = False
+) -> str:
+    """The start-up line's words on the CPU: the CPU, its features, the dtype and why, and
+    whether float32's matmuls are the fast (packed) or the exact ones."""
     chosen = str(dtype).removeprefix("torch.")
     if name != "auto":
         why = "as asked"
         if dtype == torch.bfloat16 and not cpu.native_bf16:
             why += "; float32 is about 2.5x faster here"
     elif cpu.native_bf16:
-        why = "auto: exact; --dtype bfloat16 runs faster on this CPU"
+        why = "auto; --dtype bfloat16 runs faster on this CPU"
     else:
-        why = "auto: exact, and the fastest without native bfloat16"
+        why = "auto: the fastest without native bfloat16"
+    if dtype == torch.float32 and quantization == "none":
+        why += (
+            "; exact: transformers' matmuls"
+            if exact
+            else "; matmuls packed for oneDNN (--exact: transformers' bits)"
+        )
     packed = f"; {PACKED_DTYPE_WHY}" if quantization != "none" else ""
     return f"CPU: {cpu.describe()}; dtype {chosen} ({why}){packed}"

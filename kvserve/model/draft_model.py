@@ -62,6 +62,8 @@ class TargetRunner(Protocol):
     @property
     def dtype(self) -> torch.dtype: ...
     @property
+    def exact(self) -> bool: ...
+    @property
     def kv_cache_specs(self) -> list[KVCacheSpec]: ...
     @property
     def quantization(self) -> str: ...
@@ -88,7 +90,9 @@ class DraftModel:
         quantization = target.quantization  # the target's packing, where the draft has it
         if quantization == "gguf" and resolve_checkpoint(model_dir).gguf is None:
             quantization = "none"
-        model, config = load_model(model_dir, target.dtype, target.device, quantization)
+        model, config = load_model(
+            model_dir, target.dtype, target.device, quantization, target.exact
+        )
         if config.layer_kinds and "mamba" in config.layer_kinds:
             raise ValueError(
                 "speculative_config: the draft model keeps Mamba state, which cannot be "

@@ -35,7 +35,7 @@ from kvserve.model.checkpoint.weight_check import check_weights
 from kvserve.model.models import DecoderForCausalLM, model_class
 from kvserve.model.quant.fusion import fuse_projections
 from kvserve.model.quant.gguf_blocks import gguf_packed_layers
-from kvserve.model.quant.onednn_linear import onednn_available, pack_bfloat16_linears
+from kvserve.model.quant.onednn_linear import onednn_available, pack_linears
 from kvserve.model.quant.quant_linear import Int4Linear, packed_bytes
 from kvserve.model.quant.quantize import (
     KERNEL_DTYPE,
@@ -59,13 +59,15 @@ def load_model(
     dtype: torch.dtype,
     device: torch.device,
     quantization: str = "none",
+    exact: bool = False,
 ) -> tuple[DecoderForCausalLM, ModelConfig]:
     """Build the checkpoint's model with its weights; raise ModelLoadError when we cannot.
 
     `model_dir`: a Hugging Face checkpoint directory, a .gguf file, or a
     directory holding one (kvserve.model.checkpoint.resolve). `quantization`: one of
     kvserve.model.quant.quantize.QUANTIZATIONS; int8 and int4 pack the loaded
-    weights, gguf keeps a GGUF file's 4-bit blocks (CPU only).
+    weights, gguf keeps a GGUF file's 4-bit blocks (CPU only). `exact`: float32 matmuls
+    stay F.linear's, transformers' bits (kvserve.model.quant.onednn_linear).
     """
     check_quantization(quantization, device)
     checkpoint = resolve_checkpoint(model_dir)
@@ -100,8 +102,8 @@ def load_model(
     if quantization != "none":
         summary.bytes = packed_bytes(model)
         logger.info(summary.describe())
-    if onednn_available(dtype, device):  # the same bits as F.linear, without its reorders
-        pack_bfloat16_linears(model)
+    if onednn_available(dtype, device, exact):  # no per-call weight reorder (onednn_linear)
+        pack_linears(model, dtype)
     model.requires_grad_(False)
     model.eval()
     model.init_rotary(device)

@@ -37,11 +37,9 @@ from typing import Any
 import torch
 
 from kvserve.batch import SeqChunk, StepOutput, TokenLogprobs
+from kvserve.engine.engine_args import exact_from_env
 from kvserve.kvcache.plan import CopyOp
-from kvserve.kvcache.specs import (
-    KVCacheSpec,
-    MambaStateSpec,
-)
+from kvserve.kvcache.specs import KVCacheSpec, MambaStateSpec
 from kvserve.lora.slots import LoRASlots
 from kvserve.model.attention.step_metadata import check_backend, step_metadata
 from kvserve.model.checkpoint.tokenizer import load_tokenizer
@@ -98,6 +96,7 @@ class ModelRunner:
         draft_model: str | Path | None = None,
         max_loras: int = 0,
         max_cpu_loras: int = 0,
+        exact: bool = False,
     ) -> None:
         """`num_threads` (CPU only, process-wide): default $OMP_NUM_THREADS, else one per
         physical core this process may use (kvserve.model.threads says why).
@@ -110,7 +109,8 @@ class ModelRunner:
         graphs captured at start unless `enforce_eager` (kvserve.model.attention.decode_graphs).
         `draft_model`: speculative decoding's draft checkpoint, loaded before the pool is
         sized, whose K/V takes its share of every block (kvserve.model.draft_model).
-        `max_loras` > 0: LoRA adapters per row, that many in a step (kvserve.lora)."""
+        `max_loras` > 0: LoRA adapters per row, that many in a step (kvserve.lora). `exact`:
+        float32 matmuls give transformers' bits, unpacked (kvserve.model.quant.onednn_linear)."""
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.model_dir = Path(model_dir)
@@ -128,7 +128,9 @@ class ModelRunner:
         self.quantization = quantization
         """How the weights are stored (kvserve.model.quant.quantize); part of the tiers'
         fingerprint."""
-        model, self.config = load_model(self.model_dir, self.dtype, self.device, quantization)
+        self.exact = exact or exact_from_env()
+        """float32 matmuls as transformers computes them; part of the tiers' fingerprint."""
+        model, self.config = load_model(model_dir, self.dtype, self.device, quantization, exact)
         self.model: DecoderForCausalLM | None = model
         """None once released."""
         self.lora = LoRASlots.for_runner(self, max_loras, max_cpu_loras)  # None without
@@ -187,7 +189,7 @@ class ModelRunner:
             f"tokens ({mib:.1f} MiB) on {self.device}, {kind}, {len(self.kv_cache_specs)} group(s)"
         )
         if cpu is not None:  # said once the model loaded: a load error stays one line
-            logger.info(cpu_dtype_reason(dtype, self.dtype, cpu, quantization))
+            logger.info(cpu_dtype_reason(dtype, self.dtype, cpu, quantization, self.exact))
             kept = ", freed memory kept (glibc)" if keep_freed_memory() else ""
             kernels = enable_cpu_kernels(self.dtype)  # bfloat16 only; the log's words
             threads, runtime = torch.get_num_threads(), openmp_runtime()

@@ -99,7 +99,10 @@ def test_auto_is_float32_on_every_cpu(cpu):
     line = cpu_dtype_reason("auto", torch.float32, cpu, "none")
     assert line.startswith(f"CPU: Test CPU ({cpu.names()}: ")
     fastest = "the fastest without native bfloat16" if cpu is AVX2 else "bfloat16 runs faster"
-    assert "dtype float32 (auto: exact" in line and fastest in line and "\n" not in line
+    assert "dtype float32 (auto" in line and fastest in line and "\n" not in line
+    assert line.endswith("; matmuls packed for oneDNN (--exact: transformers' bits))")
+    exact = cpu_dtype_reason("auto", torch.float32, cpu, "none", exact=True)
+    assert exact.endswith("; exact: transformers' matmuls)")
 
 
 def test_explicit_bfloat16_warns_only_without_native_bfloat16_and_float16_advises_by_cpu():
@@ -134,7 +137,7 @@ def test_the_start_up_line_names_the_cpu_its_features_and_the_dtype(
     line = dtype_line(caplog)
     names = "avx2 avx512f avx512_bf16 amx: native" if "amx" in flags else "avx2: no native"
     assert line.startswith("CPU: ") and f"{names} bfloat16, {ENV}={flags})" in line
-    assert "dtype float32 (auto: exact" in line
+    assert "dtype float32 (auto" in line and "exact: transformers' matmuls" in line  # the suite's
     assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 

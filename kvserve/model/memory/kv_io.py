@@ -108,8 +108,10 @@ def kv_fingerprint(
     hash_fn: str,
     hash_seed: int,
     quantization: str = "none",
+    packed_float32: bool = False,
 ) -> bytes:
-    """32 bytes naming everything a stored block's meaning depends on."""
+    """32 bytes naming everything a stored block's meaning depends on (`packed_float32`:
+    float32 matmuls on packed weights, whose last bits differ from the exact mode's)."""
     described: dict[str, object] = {
         "version": FORMAT_VERSION,
         "model": weights_digest(model_dir),
@@ -121,4 +123,6 @@ def kv_fingerprint(
     }
     if quantization != "none":  # packed weights compute other K/V; float keys stay as they were
         described["quantization"] = quantization
+    if packed_float32 and quantization == "none":  # the exact mode's keys stay as they were
+        described["matmul"] = "onednn-packed"
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).digest()

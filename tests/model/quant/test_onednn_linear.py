@@ -1,5 +1,6 @@
-"""bfloat16 linear layers pre-packed for oneDNN: F.linear's bits, every layer of a bfloat16
-CPU model packed (a tied lm_head too), float32 and quantized models as they were."""
+"""Linear layers pre-packed for oneDNN: F.linear's bits in bfloat16, every layer of a
+bfloat16 CPU model packed (a tied lm_head too); float32 packed too unless exact, its logits
+within rounding of the exact mode's; quantized models as they were."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from kvserve.engine.engine_args import EXACT_ENV
 from kvserve.model import ModelRunner, loader
 from kvserve.model.quant.onednn_linear import OneDNNLinear, onednn_available
 from kvserve.model.quant.quant_linear import PackedLinear
@@ -30,9 +32,15 @@ def test_the_same_bits_as_f_linear(rows):
     assert torch.equal(out, nn.functional.linear(x, weight, bias))
 
 
-def runner(path: str, dtype: str, quantization: str = "none") -> ModelRunner:
+def runner(path: str, dtype: str, quantization: str = "none", exact: bool = False) -> ModelRunner:
     return ModelRunner(
-        path, block_size=4, num_blocks=64, dtype=dtype, num_threads=1, quantization=quantization
+        path,
+        block_size=4,
+        num_blocks=64,
+        dtype=dtype,
+        num_threads=1,
+        quantization=quantization,
+        exact=exact,
     )
 
 
@@ -47,7 +55,7 @@ def test_a_bfloat16_model_is_packed_and_its_logits_keep_their_bits(checkpoints, 
     assert packed.model is not None
     assert kinds(packed.model) == {OneDNNLinear}
     assert isinstance(packed.model.lm_head, OneDNNLinear)
-    monkeypatch.setattr(loader, "onednn_available", lambda dtype, device: False)
+    monkeypatch.setattr(loader, "onednn_available", lambda dtype, device, exact: False)
     plain = runner(path, "bfloat16")
     assert plain.model is not None and kinds(plain.model) == {nn.Linear}
     assert torch.equal(
@@ -56,12 +64,46 @@ def test_a_bfloat16_model_is_packed_and_its_logits_keep_their_bits(checkpoints, 
     )
 
 
-def test_float32_and_quantized_models_are_left_alone(checkpoints):
-    path = checkpoints["qwen2"].path
-    exact = runner(path, "float32")
-    assert exact.model is not None
-    assert kinds(exact.model) == {nn.Linear} and exact.model.lm_head is None
-    int8 = runner(path, "bfloat16", "int8")
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_float32_is_packed_unless_exact_and_its_logits_stay_within_rounding(
+    checkpoints, arch, monkeypatch
+):
+    monkeypatch.delenv(EXACT_ENV)  # the suite runs exact; the users' default is not
+    path = checkpoints[arch].path
+    fast = runner(path, "float32")
+    exact = runner(path, "float32", exact=True)
+    assert fast.model is not None and exact.model is not None
+    assert kinds(fast.model) == {OneDNNLinear} and not fast.exact
+    assert kinds(exact.model) == {nn.Linear} and exact.exact
+    fast_logits = teacher_forced_logits(fast, PROMPT, fast.model)
+    exact_logits = teacher_forced_logits(exact, PROMPT, exact.model)
+    assert torch.allclose(fast_logits, exact_logits, rtol=1e-4, atol=1e-4)
+    assert torch.equal(fast_logits.argmax(-1), exact_logits.argmax(-1))
+    monkeypatch.setenv(EXACT_ENV, "1")  # what the suite sets: exact whatever the caller says
+    again = runner(path, "float32")
+    assert again.exact and again.model is not None and kinds(again.model) == {nn.Linear}
+
+
+def test_packed_float32_keys_its_tiers_apart_from_the_exact_mode(checkpoints, monkeypatch):
+    from kvserve.engine.engine_args import EngineArgs
+    from kvserve.engine.tiers import _model_io
+
+    monkeypatch.delenv(EXACT_ENV)
+    path, args = checkpoints["qwen2"].path, EngineArgs(block_size=4)
+
+    def fingerprint(dtype: str, exact: bool) -> bytes:
+        return _model_io(runner(path, dtype, exact=exact), args)[1]
+
+    exact = fingerprint("float32", exact=True)
+    assert fingerprint("float32", exact=False) != exact  # other last bits: other blocks
+    assert fingerprint("float32", exact=True) == exact
+    # bfloat16 packs with F.linear's bits: its blocks are the same either way
+    assert fingerprint("bfloat16", exact=False) == fingerprint("bfloat16", exact=True)
+
+
+def test_quantized_models_are_left_alone(checkpoints, monkeypatch):
+    monkeypatch.delenv(EXACT_ENV)
+    int8 = runner(checkpoints["qwen2"].path, "bfloat16", "int8")
     assert int8.model is not None
     assert OneDNNLinear not in kinds(int8.model)
     assert isinstance(int8.model.lm_head, PackedLinear)
