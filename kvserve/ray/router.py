@@ -114,7 +114,9 @@ class KVServeRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         self.loads: dict[str, _Load] = {}
         """Internal request id -> the load it adds, counted from the choice (requests that
         arrive together must see each other) until its answer ends."""
-        book.BOOK.views = self.view_stats
+        name = self._deployment_id.name
+        book.BOOK.views[name] = self.view_stats
+        book.BOOK.predictors[name] = self.best_hit
 
     # -- Serve's replica set --------------------------------------------------------
 
@@ -200,18 +202,17 @@ class KVServeRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
             pending_request=pending_request,
         )
 
-    async def _exact(
-        self, candidates: list[RunningReplica], request: PendingRequest
-    ) -> list[list[RunningReplica]] | None:
-        """Ranks: the policy's choice, then the rest; None: no prediction possible."""
-        limits = loosest(
-            [PromptLimits.from_dict(f.info.get("limits")) for f in self.followed.values()]
-        )
-        forwarded = _forwarded(request.args, limits)
-        if forwarded is None or not self.followed:
+    async def _predict(self, args: list[Any]) -> tuple[list[list[int]], dict[int, int]] | None:
+        """(the prompts, the hit predicted by follower index) of a forwarded request, or None:
+        no prediction possible. It touches only what is safe from any thread (the follower's
+        futures, the tokenizer's pool), so the ingress may call it on its own loop."""
+        followed = list(self.followed.values())
+        limits = loosest([PromptLimits.from_dict(f.info.get("limits")) for f in followed])
+        forwarded = _forwarded(args, limits)
+        if forwarded is None or not followed:
             return None
         endpoint, body = forwarded
-        infos = [f.info for f in self.followed.values()]
+        infos = [f.info for f in followed]
         served = infos[0].get("served_model_name")
         extra = extra_keys(body, served, adapter_identities(infos))
         if extra is None:
@@ -226,6 +227,25 @@ class KVServeRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         if longest is not None and any(len(p) >= longest for p in prompts):
             return None  # the replica refuses it: nothing to match
         by_index = await asyncio.wrap_future(self.follower.predict(prompts, extra, synced))
+        return prompts, by_index
+
+    async def best_hit(self, args: list[Any]) -> tuple[int, int] | None:
+        """(prompt tokens, the best hit predicted on any replica) of a forwarded request, or
+        None (the ingress's prefill/decode split asks it of the decode replicas)."""
+        predicted = await self._predict(args)
+        if predicted is None:
+            return None
+        prompts, by_index = predicted
+        return sum(len(p) for p in prompts), max(by_index.values(), default=0)
+
+    async def _exact(
+        self, candidates: list[RunningReplica], request: PendingRequest
+    ) -> list[list[RunningReplica]] | None:
+        """Ranks: the policy's choice, then the rest; None: no prediction possible."""
+        predicted = await self._predict(request.args)
+        if predicted is None:
+            return None
+        prompts, by_index = predicted
         self._uncount(request.metadata.internal_request_id)  # a choice made again
         hits: list[int | None] = []
         loads: list[ReplicaLoad] = []

@@ -108,3 +108,47 @@ def test_lora_modules_reach_the_replica_as_serve_reads_them(tmp_path):
     bad = parse_serve_argv(["--lora-modules", f"x={tmp_path / 'none'}"])
     with pytest.raises(ValueError, match="lora-modules"):
         lora_options(bad, engine_args_from(bad))
+
+
+def test_prefill_and_decode_sections_build_two_engine_deployments():
+    """`prefill`/`decode` (a Serve config's mappings, or JSON on `serve run`'s command line)
+    over the common arguments: each its own deployment and role, the split's threshold."""
+    built = app({"model": "demo:random", "max_num_seqs": 8, "prefill_min_tokens": "64",
+                 "prefill": '{"num_replicas": 2, "offload": "cpu:64MiB"}',
+                 "decode": {"num_replicas": 3, "max_num_seqs": 16}})  # fmt: skip
+    _, _, prefill_app, min_tokens = built._bound_deployment.init_args
+    assert min_tokens == 64
+    _, decode = deployments(built)
+    prefill = prefill_app._bound_deployment
+    assert (decode.name, prefill.name) == ("kvserve-decode", "kvserve-prefill")
+    assert (decode.num_replicas, prefill.num_replicas) == (3, 2)
+    decode_argv, role = decode.init_args
+    assert role == "decode" and "--max-num-seqs=16" in decode_argv
+    prefill_argv, role = prefill.init_args
+    assert role == "prefill" and "--max-num-seqs=8" in prefill_argv
+    assert "--offload=cpu:64MiB" in prefill_argv
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        ({"decode": {}}, "decode without prefill"),
+        ({"prefill": {"offload": "cpu:64MiB"}}, "prefill without decode"),
+        ({"prefill": {}, "decode": {}}, "offload cpu:SIZE"),
+        ({"prefill": {"offload": "disk:/tmp/x:1GiB"}, "decode": {}}, "offload cpu:SIZE"),
+        ({"prefill": {"offload": "cpu:64MiB", "block_size": 32}, "decode": {}}, "block_size"),
+        ({"prefill": {"offload": "cpu:64MiB"}, "decode": {"kv_transfer_config": "{}"}},
+         "kv_transfer_config"),
+        ({"prefill": {"offload": "cpu:64MiB", "ingress_replicas": 2}, "decode": {}},
+         "prefill.ingress_replicas"),
+        ({"prefill": {"offload": "cpu:64MiB"}, "decode": {}, "request_router": "serve-default"},
+         "serve-default"),
+        ({"prefill": "[1]", "decode": {}}, "prefill must be a mapping"),
+        ({"prefill_min_tokens": 8}, "only with prefill and decode"),
+        ({"prefill": {"offload": "cpu:64MiB"}, "decode": {}, "prefill_min_tokens": -1},
+         "prefill_min_tokens"),
+    ],
+)  # fmt: skip
+def test_a_wrong_split_is_refused_when_built(args, named):
+    with pytest.raises(ValueError, match=re.escape(named)):
+        app({"model": "demo:random", **args})

@@ -1,0 +1,132 @@
+"""Prefill on one replica, decode on another, on Ray Serve (`kvserve.ray:app` with `prefill`
+and `decode` sections): greedy tokens through the application equal transformers' for the
+same tiny checkpoint, the decode replica pulls the prompt's blocks from the prefill replica
+it was told of through Ray, a short prompt skips the prefill, and a prefill replica that
+Serve restarts (another port) is found by its next answer."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+
+from tests.ray.conftest import ENGINE, RayServe, ray, wait_for
+from tests.serve.conftest import scrape
+
+pytestmark = pytest.mark.slow
+NEW = 6
+MIN_TOKENS = 16
+LONG = [[3 + (7 * i + j) % 250 for j in range(40)] for i in range(4)]
+SHORT = [5, 9, 17, 33, 65, 129, 7, 11]
+"""Fewer tokens than MIN_TOKENS: computed by the decode replica alone."""
+COMMON = {**ENGINE, "block_size": 4, "dtype": "float32", "prefill_min_tokens": MIN_TOKENS}
+SPLIT = {
+    "prefill": {"num_replicas": 1, "offload": "cpu:64MiB", "health_check_period_s": 1,
+                "ray_actor_options": {"num_cpus": 1}},
+    "decode": {"num_replicas": 1, "ray_actor_options": {"num_cpus": 1}},
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def served(ray_cluster, checkpoints):
+    from ray import serve
+
+    from kvserve.ray import app
+    from tests._ports import free_port
+
+    ck = checkpoints["llama"]
+    port = free_port()
+    serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
+    args = {"model": ck.path, **COMMON, **SPLIT}
+    split = RayServe(f"http://127.0.0.1:{port}/split", ck.path, "split", args)
+    serve.run(app(args), name="split", route_prefix="/split")
+    # The decode router follows its replica at once; the prefill router from its first use.
+    wait_for(lambda: len(split.followed()) >= 1, 60, "the decode replica's KV events")
+    return split, ck
+
+
+def complete(url: str, prompt: list[int], stream: bool = False) -> tuple[list[int], int]:
+    """(the greedy tokens, the cached tokens the answer reported)."""
+    body = {"prompt": prompt, "max_tokens": NEW, "temperature": 0, "ignore_eos": True,
+            "logprobs": 0, "stream": stream}  # fmt: skip
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+        names: list[str] = []
+        cached = -1
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as resp:
+            assert resp.status_code == 200, resp.read()
+            for line in resp.iter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                chunk = json.loads(line[6:])
+                for choice in chunk["choices"]:
+                    names += choice["logprobs"]["tokens"]
+                if chunk.get("usage"):
+                    cached = chunk["usage"]["prompt_tokens_details"]["cached_tokens"]
+        return [int(n.removeprefix("token_id:")) for n in names], cached
+    resp = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+    assert resp.status_code == 200, resp.text
+    out = resp.json()
+    names = out["choices"][0]["logprobs"]["tokens"]
+    cached = out["usage"]["prompt_tokens_details"]["cached_tokens"]
+    return [int(n.removeprefix("token_id:")) for n in names], cached
+
+
+def replicas(role: str) -> dict[str, str]:
+    """The application's live replicas of one role: Serve's replica id -> actor name."""
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)]
+    return {n.rsplit("#", 1)[-1]: n for n in names if f"split#kvserve-{role}#" in n}
+
+
+def by_role(split: RayServe, name: str, role: str) -> float:
+    """A replica-labelled series summed over the application's live replicas of one role."""
+    values = scrape(split)
+    return sum(values.get(f"kvserve:router_{name}{{replica={r}}}", 0.0) for r in replicas(role))
+
+
+def test_split_tokens_equal_one_engines_and_the_blocks_travel(served):
+    split, ck = served
+    for i, prompt in enumerate(LONG[:3]):
+        tokens, cached = complete(split.url, prompt, stream=i == 2)
+        assert tokens == ck.reference(prompt, NEW)
+        assert cached >= len(prompt) // 2  # pulled from the prefill replica, not computed
+    assert by_role(split, "requests_total", "prefill") == 3
+    assert by_role(split, "requests_total", "decode") == 3
+    wait_for(lambda: by_role(split, "replica_kv_transfer_blocks_received", "decode") > 0, 10,
+             "the decode replica's transfer counters")  # fmt: skip
+    assert by_role(split, "replica_kv_transfer_blocks_served", "prefill") > 0
+    assert by_role(split, "prediction_wrong_total", "prefill") == 0
+
+
+def test_a_short_prompt_skips_the_prefill(served):
+    split, ck = served
+    before = by_role(split, "requests_total", "prefill")
+    tokens, _ = complete(split.url, SHORT)
+    assert tokens == ck.reference(SHORT, NEW)
+    # And a prompt the decode replica holds already: nothing left to prefill.
+    tokens, cached = complete(split.url, LONG[0])
+    assert tokens == ck.reference(LONG[0], NEW) and cached >= len(LONG[0]) - 4
+    assert by_role(split, "requests_total", "prefill") == before
+
+
+def test_a_restarted_prefill_replica_is_found_through_ray(served):
+    split, ck = served
+    ((old, name),) = replicas("prefill").items()
+    ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
+    wait_for(lambda: set(replicas("prefill")) - {old}, 90, "Serve's new prefill replica")
+    received = by_role(split, "replica_kv_transfer_blocks_received", "decode")
+    for k in range(5):  # a prompt no replica holds yet, until the new replica runs it
+        prompt = [t + k for t in LONG[3]]
+        tokens, cached = complete(split.url, prompt)
+        assert tokens == ck.reference(prompt, NEW)  # right, whatever happened to the prefill
+        if cached:
+            break
+        time.sleep(1)
+    assert cached >= len(prompt) // 2  # pulled from the new replica, at its new port
+    wait_for(
+        lambda: by_role(split, "replica_kv_transfer_blocks_received", "decode") > received,
+        10,
+        "the pulled blocks counted",
+    )
