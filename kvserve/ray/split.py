@@ -31,7 +31,7 @@ log = logging.getLogger("kvserve.ray")
 
 class PrefillFirst:
     def __init__(self, prefill: DeploymentHandle, decode: str, min_tokens: int) -> None:
-        self.prefill = prefill
+        self.prefill = prefill.options(stream=False)  # its router follows the replicas now
         self.decode = decode
         """The decode deployment's name (its request router's `best_hit` in the book)."""
         self.min_tokens = min_tokens

@@ -6,8 +6,10 @@ Serve restarts (another port) is found by its next answer."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+from typing import Any
 
 import httpx
 import pytest
@@ -24,27 +26,42 @@ SHORT = [5, 9, 17, 33, 65, 129, 7, 11]
 COMMON = {**ENGINE, "block_size": 4, "dtype": "float32", "prefill_min_tokens": MIN_TOKENS}
 SPLIT = {
     "prefill": {"num_replicas": 1, "offload": "cpu:64MiB", "health_check_period_s": 1,
-                "ray_actor_options": {"num_cpus": 1}},
-    "decode": {"num_replicas": 1, "ray_actor_options": {"num_cpus": 1}},
+                "ray_actor_options": {"num_cpus": 0.5}},
+    "decode": {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0.5}},
 }  # fmt: skip
 
 
 @pytest.fixture(scope="module")
-def served(ray_cluster, checkpoints):
+def apps(ray_cluster, request) -> dict[str, tuple[RayServe, Any]]:
+    """The split of each model kind as an application of its own, all deployed at once (six
+    replicas of half a CPU each, on the cluster's three)."""
     from ray import serve
 
     from kvserve.ray import app
     from tests._ports import free_port
 
-    ck = checkpoints["llama"]
+    kinds = {"split": request.getfixturevalue("checkpoints")["llama"],
+             "gemma3": request.getfixturevalue("gemma3_checkpoint")}  # fmt: skip
+    with contextlib.suppress(pytest.skip.Exception):  # no oracle with some transformers
+        kinds["bamba"] = request.getfixturevalue("bamba_checkpoint")
     port = free_port()
     serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
-    args = {"model": ck.path, **COMMON, **SPLIT}
-    split = RayServe(f"http://127.0.0.1:{port}/split", ck.path, "split", args)
-    serve.run(app(args), name="split", route_prefix="/split")
-    # The decode router follows its replica at once; the prefill router from its first use.
-    wait_for(lambda: len(split.followed()) >= 1, 60, "the decode replica's KV events")
-    return split, ck
+    served = {}
+    for name, ck in kinds.items():
+        args = {"model": ck.path, **COMMON, **SPLIT}
+        served[name] = (RayServe(f"http://127.0.0.1:{port}/{name}", ck.path, name, args), ck)
+    serve.run_many([
+        serve.RunTarget(app(s.args), name=name, route_prefix=f"/{name}")
+        for name, (s, _) in served.items()
+    ])  # fmt: skip
+    for s, _ in served.values():  # predicted from the first request on
+        wait_for(lambda s=s: len(s.followed()) == 2, 60, "both replicas' KV events")
+    return served
+
+
+@pytest.fixture(scope="module")
+def served(apps):
+    return apps["split"]
 
 
 def complete(url: str, prompt: list[int], stream: bool = False) -> tuple[list[int], int]:
@@ -74,16 +91,17 @@ def complete(url: str, prompt: list[int], stream: bool = False) -> tuple[list[in
     return [int(n.removeprefix("token_id:")) for n in names], cached
 
 
-def replicas(role: str) -> dict[str, str]:
+def replicas(role: str, app: str = "split") -> dict[str, str]:
     """The application's live replicas of one role: Serve's replica id -> actor name."""
     names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)]
-    return {n.rsplit("#", 1)[-1]: n for n in names if f"split#kvserve-{role}#" in n}
+    return {n.rsplit("#", 1)[-1]: n for n in names if f"{app}#kvserve-{role}#" in n}
 
 
 def by_role(split: RayServe, name: str, role: str) -> float:
     """A replica-labelled series summed over the application's live replicas of one role."""
     values = scrape(split)
-    return sum(values.get(f"kvserve:router_{name}{{replica={r}}}", 0.0) for r in replicas(role))
+    live = replicas(role, split.name)
+    return sum(values.get(f"kvserve:router_{name}{{replica={r}}}", 0.0) for r in live)
 
 
 def test_split_tokens_equal_one_engines_and_the_blocks_travel(served):
@@ -94,9 +112,9 @@ def test_split_tokens_equal_one_engines_and_the_blocks_travel(served):
         assert cached >= len(prompt) // 2  # pulled from the prefill replica, not computed
     assert by_role(split, "requests_total", "prefill") == 3
     assert by_role(split, "requests_total", "decode") == 3
-    wait_for(lambda: by_role(split, "replica_kv_transfer_blocks_received", "decode") > 0, 10,
-             "the decode replica's transfer counters")  # fmt: skip
-    assert by_role(split, "replica_kv_transfer_blocks_served", "prefill") > 0
+    for role, name in (("decode", "received"), ("prefill", "served")):  # routing stats: ~1 s
+        series = f"replica_kv_transfer_blocks_{name}"
+        wait_for(lambda: by_role(split, series, role) > 0, 10, f"blocks {name}")  # noqa: B023
     assert by_role(split, "prediction_wrong_total", "prefill") == 0
 
 
@@ -130,3 +148,17 @@ def test_a_restarted_prefill_replica_is_found_through_ray(served):
         10,
         "the pulled blocks counted",
     )
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "bamba"])
+def test_sliding_windows_and_mamba_states_travel_through_serve(arch, apps):
+    """Gemma 3 (the last window of a sliding-window group) and Bamba (the Mamba state at the
+    prompt's end)."""
+    if arch not in apps:
+        pytest.skip(f"no {arch} oracle with this transformers")
+    hybrid, ck = apps[arch]
+    for prompt in LONG[:2]:
+        tokens, cached = complete(hybrid.url, prompt)
+        assert tokens == ck.reference(prompt, NEW)
+        assert cached >= len(prompt) // 2
+    assert by_role(hybrid, "requests_total", "prefill") == 2
