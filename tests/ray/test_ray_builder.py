@@ -15,6 +15,7 @@ from kvserve.ray.options import ray_options
 
 pytest.importorskip("ray")
 README = Path(__file__).resolve().parents[2] / "README.md"
+SEVERAL = README.parent / "docs" / "several-engines.md"
 
 
 def deployments(application):
@@ -108,6 +109,23 @@ def test_lora_modules_reach_the_replica_as_serve_reads_them(tmp_path):
     bad = parse_serve_argv(["--lora-modules", f"x={tmp_path / 'none'}"])
     with pytest.raises(ValueError, match="lora-modules"):
         lora_options(bad, engine_args_from(bad))
+
+
+def test_the_split_config_file_of_the_docs_validates_and_builds():
+    from ray.serve._private.api import call_user_app_builder_with_args_if_necessary
+    from ray.serve.schema import ServeDeploySchema
+
+    block = re.search(r"```yaml\n(applications:\n  - name: kvserve-split.*?)```",
+                      SEVERAL.read_text(), re.S)  # fmt: skip
+    assert block is not None
+    config = ServeDeploySchema.model_validate(yaml.safe_load(block.group(1)))
+    (entry,) = config.applications
+    built = call_user_app_builder_with_args_if_necessary(app, entry.args)
+    _, decode = deployments(built)
+    prefill = built._bound_deployment.init_args[2]._bound_deployment
+    assert (prefill.num_replicas, decode.num_replicas) == (1, 2)
+    assert "--offload=cpu:4GiB" in prefill.init_args[0]
+    assert prefill.ray_actor_options == {"num_cpus": 4, "num_gpus": 1}
 
 
 def test_prefill_and_decode_sections_build_two_engine_deployments():
