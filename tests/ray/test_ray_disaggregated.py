@@ -126,6 +126,12 @@ def test_a_short_prompt_skips_the_prefill(served):
     # And a prompt the decode replica holds already: nothing left to prefill.
     tokens, cached = complete(split.url, LONG[0])
     assert tokens == ck.reference(LONG[0], NEW) and cached >= len(LONG[0]) - 4
+    # A body the router cannot read is the decode replica's 400, in OpenAI's format, and
+    # is never prefilled.
+    for body in (b"{not json", json.dumps({"prompt": {"ids": LONG[3]}}).encode()):
+        resp = httpx.post(f"{split.url}/v1/completions", content=body, timeout=30,
+                          headers={"content-type": "application/json"})  # fmt: skip
+        assert resp.status_code == 400 and "message" in resp.json()["error"]
     assert by_role(split, "requests_total", "prefill") == before
 
 
