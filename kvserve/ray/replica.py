@@ -78,7 +78,6 @@ class KVServeReplica:
         engine_args = engine_args_from(args)
         lora_options(args, engine_args)  # --lora-modules, as `kvserve serve` reads them
         self.host = ray.util.get_node_ip_address()
-        self.role = role
         engine_args.kv_events_config = node_events(engine_args.kv_events_config, self.host)
         if role != "both":
             engine_args.kv_transfer_config = transfer_role(role, self.host)
@@ -141,7 +140,6 @@ class KVServeReplica:
                 "lora_adapters": adapters,  # their identities: the router hashes with them
                 "boot": self.boot,
                 "host": self.host,
-                "role": self.role,
                 "kv": kv,
             }
         }
