@@ -78,19 +78,25 @@ class EngineTiers:
             )
             self.connector.save(self.block_io, manager.step_plan(rid), record)
 
+    @property
+    def producers(self) -> Any:
+        """A consumer's producers (kvserve.transfer.producers.Producers), else None."""
+        from kvserve.transfer.producers import Producers
+
+        return next((t for t in self.connector.store.tiers if isinstance(t, Producers)), None)
+
     def transfer_stats(self) -> dict[str, float] | None:
         """KV transfer's counters (kvserve.transfer); None without kv_transfer_config."""
         if self.transfer is None:
             return None
-        from kvserve.transfer.remote_tier import RemoteTier
-
-        remote = [t for t in self.connector.store.tiers if isinstance(t, RemoteTier)]
+        producers = self.producers
+        got = producers.counts() if producers is not None else {}
         counts: dict[str, float] = {
-            "blocks_received": sum(t.blocks_received for t in remote),
-            "bytes_received": sum(t.bytes_received for t in remote),
-            "blocks_rejected": sum(t.rejected for t in remote),
-            "failed_asks": sum(t.failures for t in remote),
-            "seconds": sum(t.seconds for t in remote),
+            "blocks_received": got.get("blocks_received", 0),
+            "bytes_received": got.get("bytes_received", 0),
+            "blocks_rejected": got.get("rejected", 0),
+            "failed_asks": got.get("failures", 0),
+            "seconds": got.get("seconds", 0.0),
         }
         if self.server is not None:
             counts["blocks_served"] = self.server.blocks_served

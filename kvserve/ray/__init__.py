@@ -12,7 +12,9 @@ before its first message retried); one HTTP request over a Ray call, its path th
 below Serve's route prefix (asgi.py); the request router (router.py: router/follower.py,
 router/prompts.py and routing/ in Serve's request-router API, Serve's Power-of-Two choice
 where it cannot predict); the ingress's /metrics and the predictions checked against the
-answers (book.py).
+answers (book.py); prefill on one replica, decode on another (the builder's `prefill` and
+`decode` sections; split.py: each prompt on a prefill replica first, its block server's
+endpoint handed to the decode replica with the request).
 """
 
 from kvserve.ray.app import app, build_app

@@ -5,6 +5,10 @@ Two deployments: `kvserve-engine`, the replicas (each one engine; replica.py), w
 kvserve request router (router.py) in its `request_router_config`, its `ray_actor_options`
 and `autoscaling_config` as given; and `kvserve-ingress` in front (ingress.py), the route
 Serve's proxy sends to, which holds the handle the router chooses for.
+
+With `prefill` and `decode` sections (options.py): `kvserve-prefill` and `kvserve-decode`
+in its place, each with the kvserve request router; the ingress runs each prompt on a
+prefill replica first (split.py), then sends the request to a decode replica.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from kvserve.ray.options import SERVE_DEFAULT, RayOptions, ray_options
 from kvserve.ray.replica import KVServeReplica
 
 ENGINE = "kvserve-engine"
+PREFILL = "kvserve-prefill"
+DECODE = "kvserve-decode"
 INGRESS = "kvserve-ingress"
 ROUTER_CLASS = "kvserve.ray.router:KVServeRequestRouter"
 
@@ -31,12 +37,28 @@ def app(args: dict[str, Any]) -> Application:
 
 
 def build_app(options: RayOptions) -> Application:
+    ingress = _deployment(KVServeIngress).options(
+        name=INGRESS,
+        num_replicas=options.ingress_replicas,
+        ray_actor_options=options.ingress_ray_actor_options,
+        max_ongoing_requests=max(options.max_ongoing_requests * 4, 256),
+    )
+    if options.prefill is None:
+        engine = _engine(options, ENGINE).bind(options.serve_argv)
+        return ingress.bind(engine, options.max_request_bytes)
+    decode = _engine(options, DECODE).bind(options.serve_argv, "decode")
+    prefill = _engine(options.prefill, PREFILL).bind(options.prefill.serve_argv, "prefill")
+    return ingress.bind(decode, options.max_request_bytes, prefill, options.prefill_min_tokens)
+
+
+def _engine(options: RayOptions, name: str) -> Deployment:
+    """An engine deployment: kvserve replicas with kvserve's request router."""
     router: dict[str, Any] = {"request_routing_stats_period_s": options.routing_stats_period_s}
     if options.request_router != SERVE_DEFAULT:  # else Serve's default router, named by Serve
         router["request_router_class"] = ROUTER_CLASS
         router["request_router_kwargs"] = {"policy": options.policy}
     engine_options: dict[str, Any] = {
-        "name": ENGINE,
+        "name": name,
         "ray_actor_options": options.ray_actor_options,
         "max_ongoing_requests": options.max_ongoing_requests,
         "request_router_config": RequestRouterConfig(**router),
@@ -47,14 +69,7 @@ def build_app(options: RayOptions) -> Application:
         engine_options["num_replicas"] = options.num_replicas
     if options.health_check_period_s is not None:
         engine_options["health_check_period_s"] = options.health_check_period_s
-    engine = _deployment(KVServeReplica).options(**engine_options)
-    ingress = _deployment(KVServeIngress).options(
-        name=INGRESS,
-        num_replicas=options.ingress_replicas,
-        ray_actor_options=options.ingress_ray_actor_options,
-        max_ongoing_requests=max(options.max_ongoing_requests * 4, 256),
-    )
-    return ingress.bind(engine.bind(options.serve_argv), options.max_request_bytes)
+    return _deployment(KVServeReplica).options(**engine_options)
 
 
 def _deployment(cls: type) -> Deployment:

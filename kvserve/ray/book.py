@@ -13,7 +13,7 @@ have `kvserve route`'s names, plus the replica's own KV numbers from its routing
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +25,8 @@ from kvserve.router.metrics import PREFIX, gauge, view_families
 
 ViewStats = dict[str, tuple[bool, int, int, dict[str, Any]]]
 """Replica -> (events followed, blocks in its view, views rebuilt, its KV numbers)."""
+Predictor = Callable[[list[Any]], Awaitable[tuple[int, int] | None]]
+"""A forwarded request's (scope, body) -> (its prompt tokens, the best hit predicted)."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -38,7 +40,10 @@ class RoutingBook:
         self._lock = threading.Lock()
         self._sent: dict[str, Sent] = {}
         self.registry = CollectorRegistry(auto_describe=True)
-        self.views: Callable[[], ViewStats] = dict
+        self.views: dict[str, Callable[[], ViewStats]] = {}
+        """Deployment -> its request router's views (one router per engine deployment)."""
+        self.predictors: dict[str, Predictor] = {}
+        """Deployment -> its request router's `best_hit` (the prefill/decode split's)."""
 
         def counter(name: str, doc: str) -> Counter:
             return Counter(f"{PREFIX}{name}", doc, ["replica"], registry=self.registry)
@@ -69,8 +74,11 @@ class RoutingBook:
 
     # -- the ingress -----------------------------------------------------------------
 
-    def answered(self, request_id: str, status: int, cached: int | None) -> Sent | None:
-        """Settle a request's prediction with what its answer said (None: not routed here)."""
+    def answered(
+        self, request_id: str, status: int, cached: int | None, checkable: bool = True
+    ) -> Sent | None:
+        """Settle a request's prediction with what its answer said (None: not routed here).
+        Not `checkable`: its cached tokens include blocks pulled from a prefill replica."""
         with self._lock:
             sent = self._sent.pop(request_id, None)
         if sent is None:
@@ -78,7 +86,7 @@ class RoutingBook:
         label = sent.replica
         if cached is not None:
             self.reported.labels(label).inc(cached)
-        if status != 200 or cached is None or sent.predicted is None:
+        if status != 200 or cached is None or sent.predicted is None or not checkable:
             self.unverified.labels(label).inc()
         elif cached == sent.predicted:
             self.exact.labels(label).inc()
@@ -113,7 +121,11 @@ class _Views(Collector):
         ("kv_usage", "kv_cache_usage_perc", "The replica's KV blocks in use (0-1)."),
         ("prefix_query_tokens", "prefix_cache_queries", "Prompt tokens looked up in its cache."),
         ("prefix_hit_tokens", "prefix_cache_hits", "Prompt tokens found in its prefix cache."),
-    )
+        ("transfer_blocks_received", "kv_transfer_blocks_received",
+         "KV blocks a decode replica pulled from the prefill replicas."),
+        ("transfer_blocks_served", "kv_transfer_blocks_served",
+         "KV blocks a prefill replica served to the decode replicas."),
+    )  # fmt: skip
 
     def __init__(self, book: RoutingBook) -> None:
         self.book = book
@@ -121,7 +133,10 @@ class _Views(Collector):
     def collect(self) -> Iterator[Metric]:
         followed, blocks, resyncs = view_families()
         kv = {key: gauge(f"replica_{name}", doc) for key, name, doc in self.KV}
-        for replica, (is_followed, n_blocks, n_resyncs, numbers) in self.book.views().items():
+        views: ViewStats = {}
+        for stats in list(self.book.views.values()):
+            views.update(stats())
+        for replica, (is_followed, n_blocks, n_resyncs, numbers) in views.items():
             followed.add_metric([replica], float(is_followed))
             blocks.add_metric([replica], n_blocks)
             resyncs.add_metric([replica], n_resyncs)
@@ -132,4 +147,5 @@ class _Views(Collector):
 
 
 BOOK = RoutingBook()
-"""This process's book (one engine deployment per ingress process)."""
+"""This process's book (one application's ingress per process: its engine deployment, or
+its prefill and decode deployments)."""

@@ -8,6 +8,10 @@ as `kvserve route` retries before the first byte. After the first message a fail
 the client's to see: a stream ends with an error event, as a replica ends one when its
 engine fails. A client that leaves cancels the call, and the replica aborts the request.
 
+With prefill and decode deployments (the builder's `prefill`/`decode`), a request's
+prompt first runs on a prefill replica (split.py), whose endpoint goes with the request to
+the decode replica.
+
 GET /metrics answers this ingress's routing book (book.py): per replica, what was sent and
 predicted and whether the predictions held, the router's views, each replica's KV numbers.
 """
@@ -28,6 +32,7 @@ from starlette.types import Message
 
 from kvserve.ray.asgi import app_path, forwarded_scope
 from kvserve.ray.book import BOOK
+from kvserve.ray.split import PrefillFirst
 from kvserve.router.errors import error
 from kvserve.router.forward import HOP_BY_HOP, CachedTokens
 
@@ -41,9 +46,20 @@ REPLICA_HEADER = b"kvserve-replica"
 
 
 class KVServeIngress:
-    def __init__(self, engine: DeploymentHandle, max_request_bytes: int) -> None:
+    def __init__(
+        self,
+        engine: DeploymentHandle,
+        max_request_bytes: int,
+        prefill: DeploymentHandle | None = None,
+        prefill_min_tokens: int = 0,
+    ) -> None:
         self.engine = engine.options(stream=True)
         self.max_request_bytes = max_request_bytes
+        self.split = (
+            PrefillFirst(prefill, engine.deployment_name, prefill_min_tokens)
+            if prefill is not None
+            else None
+        )
 
     async def __call__(self, request: Request) -> Response:
         if app_path(request.scope) == "/metrics" and request.method == "GET":
@@ -54,9 +70,12 @@ class KVServeIngress:
             if len(body) > self.max_request_bytes:
                 break
         scope = forwarded_scope(request.scope)
+        producer = None
+        if self.split is not None and request.method == "POST":
+            producer = await self.split.run(scope, bytes(body))
         failure = "no replica answered"
         for _ in range(ATTEMPTS):
-            stream = self.engine.handle.remote(scope, bytes(body))
+            stream = self.engine.handle.remote(scope, bytes(body), producer=producer)
             assert isinstance(stream, DeploymentResponseGenerator)  # stream=True
             try:
                 start = await stream.__anext__()
@@ -65,24 +84,29 @@ class KVServeIngress:
                 failure = f"{type(exc).__name__} on replica {replica}"
                 log.warning("a replica failed before answering (%s): sending again", failure)
                 continue
-            return _relay(start, stream)
+            return _relay(start, stream, checkable=producer is None)
         return error(f"no replica could take the request: {failure}", 503)
 
 
-def _relay(start: Message, stream: DeploymentResponseGenerator) -> StreamingResponse:
+def _relay(
+    start: Message, stream: DeploymentResponseGenerator, checkable: bool
+) -> StreamingResponse:
+    """`checkable` False: the answer's cached tokens include blocks pulled from a prefill
+    replica, not only the predicted hit."""
     status = int(start["status"])
     headers = [(k, v) for k, v in start.get("headers", ()) if k.lower() not in NOT_RELAYED]
     replica = BOOK.replica(stream.request_id)
     if replica is not None:  # which replica answered: for logs, and for tests that check routing
         headers.append((REPLICA_HEADER, replica.encode()))
     is_stream = any(k.lower() == b"content-type" and b"event-stream" in v for k, v in headers)
-    response = StreamingResponse(_body(stream, status, is_stream), status_code=status)
+    body = _body(stream, status, is_stream, checkable)
+    response = StreamingResponse(body, status_code=status)
     response.raw_headers = headers
     return response
 
 
 async def _body(
-    stream: DeploymentResponseGenerator, status: int, is_stream: bool
+    stream: DeploymentResponseGenerator, status: int, is_stream: bool, checkable: bool
 ) -> AsyncIterator[bytes]:
     watch = CachedTokens()
     ended = False
@@ -108,4 +132,4 @@ async def _body(
     finally:
         if not ended:  # the client left, or the replica failed: the replica aborts it
             stream.cancel()
-        BOOK.answered(stream.request_id, status, watch.cached)
+        BOOK.answered(stream.request_id, status, watch.cached, checkable)

@@ -7,6 +7,12 @@ option is parsed by `kvserve serve`'s own argument parser (each key the option's
 `max_num_seqs`, `kv_cache_memory`, `enable_prefix_caching`), so every engine option is there,
 checked and converted exactly as on the command line, and a bad one is a ValueError that
 names it before any replica starts.
+
+Prefill on one replica, decode on another: a `prefill` and a `decode` section (mappings,
+or their JSON on `serve run`'s command line), each the builder's arguments for that
+deployment over the common ones; `prefill_min_tokens` (256) is the split's. The builder
+gives each its KV transfer role (replica.py); a prefill section must keep its blocks in a
+CPU tier (`offload: cpu:SIZE`).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from typing import Any, NoReturn
 
 from kvserve.cli import serve as serve_cli
 from kvserve.routing.policy import POLICIES
+from kvserve.transfer.engine_side import transfer_config
 
 SERVE_DEFAULT = "serve-default"
 """`request_router=serve-default`: Ray Serve's own Power-of-Two router (for comparisons)."""
@@ -28,6 +35,11 @@ NOT_HERE = {
     "data_parallel_size": "use num_replicas: Serve runs the replicas",
     "log_level": "Ray's logging_config sets it",
 }
+SECTIONS = ("prefill", "decode")
+APP_WIDE = ("request_router", "ingress_replicas", "ingress_ray_actor_options")
+"""Arguments of the whole application, never of a prefill or decode section."""
+SAME_ON_BOTH = ("model", "dtype", "block_size", "hash_fn", "hash_seed", "quantization")
+"""What the blocks' fingerprint is made of: a decode replica pulls only blocks that fit."""
 
 
 @dataclass(slots=True)
@@ -56,11 +68,77 @@ class RayOptions:
     ingress_ray_actor_options: dict[str, Any] = field(default_factory=lambda: {"num_cpus": 0})
     max_request_bytes: int = 0
     """The replicas' --max-request-bytes: the ingress reads no more of a body."""
+    prefill: RayOptions | None = None
+    """The prefill deployment's options: these are then the decode deployment's."""
+    prefill_min_tokens: int = 256
+    """A prompt with fewer tokens uncached on the best decode replica skips the prefill."""
 
 
 def ray_options(args: dict[str, Any]) -> RayOptions:
     """ValueError naming the argument that is wrong."""
     args = dict(args)
+    sections = {name: _section(name, args.pop(name)) for name in SECTIONS if name in args}
+    min_tokens = args.pop("prefill_min_tokens", None)
+    if not sections:
+        if min_tokens is not None:
+            raise ValueError("prefill_min_tokens: only with prefill and decode sections")
+        return _options(args)
+    if len(sections) != 2:
+        (given,) = sections
+        missing = next(n for n in SECTIONS if n != given)
+        raise ValueError(
+            f"{given} without {missing}: prefill and decode go together (prefill on one "
+            "replica, decode on another)"
+        )
+    for key in [k for section in (args, *sections.values()) for k in section]:
+        if key.replace("-", "_") == "kv_transfer_config":
+            raise ValueError(
+                "kv_transfer_config: the builder gives each section its role (prefill: "
+                "kv_producer, decode: kv_consumer of the prefill replicas)"
+            )
+    decode = _options({**args, **sections["decode"]})
+    prefill = _options({**args, **sections["prefill"]})
+    if decode.request_router == SERVE_DEFAULT:
+        raise ValueError(
+            "request_router serve-default: the prefill/decode split needs kvserve's router "
+            "(its predictions choose the prefill replica and skip short prompts)"
+        )
+    _check_split(parse_serve_argv(prefill.serve_argv), parse_serve_argv(decode.serve_argv))
+    decode.prefill = prefill
+    if min_tokens is not None:
+        try:
+            decode.prefill_min_tokens = int(min_tokens)
+        except (TypeError, ValueError):
+            raise ValueError(f"prefill_min_tokens must be a number, got {min_tokens!r}") from None
+        if decode.prefill_min_tokens < 0:
+            raise ValueError(f"prefill_min_tokens must be >= 0, got {min_tokens!r}")
+    return decode
+
+
+def _section(name: str, value: Any) -> dict[str, Any]:
+    section = _deployment_value(name, value)
+    for key in section:
+        if key in SECTIONS or key in APP_WIDE or key == "prefill_min_tokens":
+            raise ValueError(f"{name}.{key}: an argument of the whole application, not of {name}")
+    return dict(section)
+
+
+def _check_split(prefill: argparse.Namespace, decode: argparse.Namespace) -> None:
+    for key in SAME_ON_BOTH:
+        if getattr(prefill, key, None) != getattr(decode, key, None):
+            raise ValueError(
+                f"prefill and decode differ in {key}: a decode replica pulls only blocks "
+                "computed by the same model, dtype, block size and hashing"
+            )
+    try:
+        transfer_config(argparse.Namespace(
+            kv_transfer_config={"kv_role": "kv_producer"}, offload=prefill.offload
+        ))  # fmt: skip
+    except ValueError as exc:
+        raise ValueError(f"prefill: {exc}") from None
+
+
+def _options(args: dict[str, Any]) -> RayOptions:
     options = RayOptions(serve_argv=[])
     replicas_given = "num_replicas" in args
     for name in (
@@ -87,7 +165,7 @@ def ray_options(args: dict[str, Any]) -> RayOptions:
 
 
 def _deployment_value(name: str, value: Any) -> Any:
-    if name in ("autoscaling_config", "ray_actor_options", "ingress_ray_actor_options"):
+    if name in ("autoscaling_config", "ray_actor_options", "ingress_ray_actor_options", *SECTIONS):
         if isinstance(value, str):
             try:
                 value = json.loads(value)

@@ -12,6 +12,11 @@ Ray's own: where its KV events are published, and how the router learns it.
   endpoints, the checkpoint, the hashing), a boot id (a replica restarted in place is
   followed from scratch) and its KV numbers for the ingress's /metrics.
 - Health: `check_health` raises once the engine thread died, so Serve replaces the replica.
+- Prefill and decode (the builder's `prefill`/`decode` sections): a prefill replica is a KV
+  transfer producer serving its CPU tier's blocks on this node's address, on a port ZMQ
+  picks (`prefill` answers the ingress with that endpoint, so a replica restarted on
+  another port is found by its next answer); a decode replica is a consumer that is told,
+  with each request, the producer that ran its prompt (kvserve.transfer.producers).
 """
 
 from __future__ import annotations
@@ -31,8 +36,11 @@ from kvserve.cli.engine_options import engine_args_from
 from kvserve.cli.serve import API_KEY_ENV, limits_from
 from kvserve.ray.asgi import run_asgi
 from kvserve.ray.options import parse_serve_argv
+from kvserve.router.forward import CachedTokens
 from kvserve.serve.build import build_served_engine, lora_options
 from kvserve.serve.http.engine_thread import freeze_heap
+
+ROLES = ("both", "prefill", "decode")
 
 log = logging.getLogger("kvserve.ray")
 
@@ -52,15 +60,27 @@ def node_events(config: str | None, host: str) -> str:
     return json.dumps(value)
 
 
+def transfer_role(role: str, host: str) -> str:
+    """A prefill replica's producer on `host`, on the port ZMQ picks (told in each prefill's
+    answer); a decode replica's consumer, told of its producers with each request."""
+    if role == "prefill":
+        return json.dumps({"kv_role": "kv_producer", "kv_ip": host, "kv_port": 0})
+    return json.dumps({"kv_role": "kv_consumer", "kv_connector_extra_config": {"discover": True}})
+
+
 class KVServeReplica:
     """The engine deployment's class (deployed by app.py with the builder's options)."""
 
-    def __init__(self, serve_argv: list[str]) -> None:
+    def __init__(self, serve_argv: list[str], role: str = "both") -> None:
+        if role not in ROLES:
+            raise ValueError(f"role {role!r}: one of {', '.join(ROLES)}")
         args = parse_serve_argv(serve_argv)
         engine_args = engine_args_from(args)
         lora_options(args, engine_args)  # --lora-modules, as `kvserve serve` reads them
         self.host = ray.util.get_node_ip_address()
         engine_args.kv_events_config = node_events(engine_args.kv_events_config, self.host)
+        if role != "both":
+            engine_args.kv_transfer_config = transfer_role(role, self.host)
         api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
         self.served = build_served_engine(
             args, engine_args, limits_from(args), api_key, on_death=self._died
@@ -68,16 +88,38 @@ class KVServeReplica:
         self.app = self.served.app()
         self.boot = uuid.uuid4().hex
         freeze_heap()  # a replica's process serves this one engine for its life
+        tiers = self.served.llm.engine.tiers
+        server = tiers.server if tiers is not None else None
+        self.producer: str | None = server.endpoint if server is not None else None
+        """A prefill replica's block server (tcp://node:port)."""
+        self.producers = tiers.producers if tiers is not None else None
+        """A decode replica's producers (told of with each request)."""
         self.served.engine.start()
         log.info("replica %s: serving %s", self.boot, self.served.llm.model.description)
 
     def _died(self, reason: str) -> None:
         log.error("the engine died (%s): Serve replaces this replica", reason)
 
-    async def handle(self, scope: dict[str, Any], body: bytes) -> AsyncIterator[Message]:
-        """One forwarded HTTP request's ASGI messages (called with stream=True)."""
+    async def handle(
+        self, scope: dict[str, Any], body: bytes, producer: str | None = None
+    ) -> AsyncIterator[Message]:
+        """One forwarded HTTP request's ASGI messages (called with stream=True); `producer`:
+        the prefill replica that ran its prompt (a decode replica pulls its blocks there)."""
+        if producer is not None and self.producers is not None:
+            self.producers.tell(producer)
         async for message in run_asgi(self.app, scope, body):
             yield message
+
+    async def prefill(self, scope: dict[str, Any], body: bytes) -> dict[str, Any]:
+        """Run a request's one-token copy (the ingress's prefill/decode split): its status,
+        the cached tokens it reported, and where this replica serves the prompt's blocks."""
+        status, cached = 0, CachedTokens()
+        async for message in run_asgi(self.app, scope, body):
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            elif message["type"] == "http.response.body":
+                cached.feed(message.get("body", b""))
+        return {"status": status, "cached_tokens": cached.cached, "producer": self.producer}
 
     def record_routing_stats(self) -> dict[str, Any]:
         """What the request routers know this replica by (see the module docstring)."""
@@ -86,6 +128,11 @@ class KVServeReplica:
         kv = dataclasses.asdict(snap) if snap is not None else {}
         kv.pop("finished", None)
         kv.pop("dropped_writes", None)
+        tiers = self.served.llm.engine.tiers
+        transfer = tiers.transfer_stats() if tiers is not None else None
+        for name in ("blocks_received", "blocks_served"):
+            if transfer is not None and name in transfer:
+                kv[f"transfer_{name}"] = transfer[name]
         adapters = state.adapters.metadata() if state.adapters is not None else []
         return {
             "kvserve": {

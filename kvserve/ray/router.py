@@ -34,8 +34,10 @@ of its own at module level: the routing book shared with the ingress is book.py'
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,6 +67,9 @@ from kvserve.routing import Policy, ReplicaLoad, make_policy
 
 log = logging.getLogger("kvserve.ray")
 UNSENT_SECONDS = 60.0
+KEPT_PROMPTS = 64
+"""Prompts the split's predictions keep for their requests' choice (token ids: at most
+this many requests' prompts, each under the replicas' max_model_len)."""
 GENERATION_PATHS: dict[str, Endpoint] = {
     "/v1/chat/completions": "chat",
     "/v1/completions": "completions",
@@ -109,12 +114,16 @@ class KVServeRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         self.tokenizer: Any = None
         self.tokenizer_path: str | None = None
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="kvserve-ray-tokenizer")
+        self.kept: OrderedDict[tuple[str, bytes], list[list[int]]] = OrderedDict()
+        """The split's predictions' prompts, until their request is chosen for."""
         self.predictions: dict[str, _Prediction] = {}
         """Internal request id -> its prediction, from the choice until it is sent."""
         self.loads: dict[str, _Load] = {}
         """Internal request id -> the load it adds, counted from the choice (requests that
         arrive together must see each other) until its answer ends."""
-        book.BOOK.views = self.view_stats
+        name = self._deployment_id.name
+        book.BOOK.views[name] = self.view_stats
+        book.BOOK.predictors[name] = self.best_hit
 
     # -- Serve's replica set --------------------------------------------------------
 
@@ -163,9 +172,22 @@ class KVServeRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         except Exception as exc:  # no prediction for chat; completions of token ids still
             log.warning("cannot load the replicas' tokenizer from %s: %s", path, exc)
 
-    def _prompts(self, endpoint: Endpoint, body: Any) -> list[list[int]] | None:
-        """On the tokenizer's thread, after the tokenizer has loaded there."""
-        return prompt_token_ids(self.tokenizer, endpoint, body)
+    def _prompts(
+        self, endpoint: Endpoint, body: Any, raw: bytes, keep: bool
+    ) -> list[list[int]] | None:
+        """On the tokenizer's thread (the only one that touches `kept`), after the tokenizer
+        has loaded there. `keep`: the split's prediction, whose request comes back to be
+        chosen for (its prompts then taken, not tokenized again)."""
+        key = (endpoint, hashlib.blake2b(raw, digest_size=16).digest())
+        kept = self.kept.pop(key, None)
+        if kept is not None:
+            return kept
+        prompts = prompt_token_ids(self.tokenizer, endpoint, body)
+        if keep and prompts is not None:
+            self.kept[key] = prompts
+            while len(self.kept) > KEPT_PROMPTS:
+                self.kept.popitem(last=False)
+        return prompts
 
     def view_stats(self) -> ViewStats:
         stats: ViewStats = {}
@@ -200,25 +222,27 @@ class KVServeRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
             pending_request=pending_request,
         )
 
-    async def _exact(
-        self, candidates: list[RunningReplica], request: PendingRequest
-    ) -> list[list[RunningReplica]] | None:
-        """Ranks: the policy's choice, then the rest; None: no prediction possible."""
-        limits = loosest(
-            [PromptLimits.from_dict(f.info.get("limits")) for f in self.followed.values()]
-        )
-        forwarded = _forwarded(request.args, limits)
-        if forwarded is None or not self.followed:
+    async def _predict(
+        self, args: list[Any], keep: bool = False
+    ) -> tuple[list[list[int]], dict[int, int]] | None:
+        """(the prompts, the hit predicted by follower index) of a forwarded request, or None:
+        no prediction possible. It touches only what is safe from any thread (the follower's
+        futures, the tokenizer's pool), so the ingress may call it on its own loop."""
+        followed = list(self.followed.values())
+        limits = loosest([PromptLimits.from_dict(f.info.get("limits")) for f in followed])
+        forwarded = _forwarded(args, limits)
+        if forwarded is None or not followed:
             return None
         endpoint, body = forwarded
-        infos = [f.info for f in self.followed.values()]
+        infos = [f.info for f in followed]
         served = infos[0].get("served_model_name")
         extra = extra_keys(body, served, adapter_identities(infos))
         if extra is None:
             return None  # an adapter this router does not know: no prediction
         synced_future = self.follower.sync()  # the round trip overlaps the tokenizer
         loop = asyncio.get_running_loop()
-        prompts = await loop.run_in_executor(self.pool, self._prompts, endpoint, body)
+        raw = args[1]
+        prompts = await loop.run_in_executor(self.pool, self._prompts, endpoint, body, raw, keep)
         synced = await asyncio.wrap_future(synced_future)
         if prompts is None or not synced:
             return None
@@ -226,6 +250,25 @@ class KVServeRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         if longest is not None and any(len(p) >= longest for p in prompts):
             return None  # the replica refuses it: nothing to match
         by_index = await asyncio.wrap_future(self.follower.predict(prompts, extra, synced))
+        return prompts, by_index
+
+    async def best_hit(self, args: list[Any]) -> tuple[int, int] | None:
+        """(prompt tokens, the best hit predicted on any replica) of a forwarded request, or
+        None (the ingress's prefill/decode split asks it of the decode replicas)."""
+        predicted = await self._predict(args, keep=True)
+        if predicted is None:
+            return None
+        prompts, by_index = predicted
+        return sum(len(p) for p in prompts), max(by_index.values(), default=0)
+
+    async def _exact(
+        self, candidates: list[RunningReplica], request: PendingRequest
+    ) -> list[list[RunningReplica]] | None:
+        """Ranks: the policy's choice, then the rest; None: no prediction possible."""
+        predicted = await self._predict(request.args)
+        if predicted is None:
+            return None
+        prompts, by_index = predicted
         self._uncount(request.metadata.internal_request_id)  # a choice made again
         hits: list[int | None] = []
         loads: list[ReplicaLoad] = []

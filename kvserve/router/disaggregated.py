@@ -33,6 +33,22 @@ def disaggregated(state: RouterState) -> bool:
     return any(r.role == "prefill" for r in state.replicas)
 
 
+def worth_prefilling(num_tokens: int, decode_hit: int, min_tokens: int) -> bool:
+    """A prompt with fewer tokens than `min_tokens` not yet cached on a decode engine is
+    computed there: on a prefill engine it would wait behind long prompts for less work than
+    the decode engine does itself (also kvserve.ray's split)."""
+    return num_tokens - decode_hit >= min_tokens
+
+
+def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
+    """The one-token, non-streamed copy of a request that a prefill engine runs."""
+    copy = {k: v for k, v in body.items() if k not in DROPPED}
+    copy.update(PREFILL_ONLY)
+    if "max_completion_tokens" not in body:
+        copy.pop("max_completion_tokens")
+    return copy
+
+
 async def prefill_first(
     request: Request, state: RouterState, path: str, body: Any, prediction: Prediction
 ) -> None:
@@ -43,7 +59,7 @@ async def prefill_first(
         return
     decode_hit = max((prediction.hit(r.index) for r in state.replicas if r.role != "prefill"),
                      default=0)  # fmt: skip
-    if prediction.num_tokens - decode_hit < state.prefill_min_tokens:
+    if not worth_prefilling(prediction.num_tokens, decode_hit, state.prefill_min_tokens):
         return
     loads = [r.load(r.role != "prefill") for r in state.replicas]
     hits = [prediction.hit(r.index) for r in state.replicas]
@@ -52,10 +68,7 @@ async def prefill_first(
     except ValueError:
         return  # no prefill engine is up: the decode engine computes the prompt
     replica = state.replicas[choice.replica]
-    copy = {k: v for k, v in body.items() if k not in DROPPED}
-    copy.update(PREFILL_ONLY)
-    if "max_completion_tokens" not in body:
-        copy.pop("max_completion_tokens")
+    copy = prefill_body(body)
     headers = {k: v for k, v in request.headers.items() if k.lower() not in NOT_SENT}
     replica.running += 1
     state.metrics.requests.labels(replica.url).inc()

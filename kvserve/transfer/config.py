@@ -4,6 +4,9 @@
 refused by name), `kv_role` "kv_producer" (serves its blocks on `kv_ip`:`kv_port`),
 "kv_consumer" (pulls from the producers in `kv_connector_extra_config.peers`) or
 "kv_both" (both). Unknown keys are refused: a typo must not silently turn transfer off.
+`kv_port` 0 binds a free port (its endpoint logged; kvserve.ray tells it on). A consumer
+with `discover` true may name no peers: it is told of its producers while it runs (on
+Ray Serve, with each request, the prefill replica that ran its prompt: producers.py).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import Any
 ROLES = ("kv_producer", "kv_consumer", "kv_both")
 CONNECTOR = "KvserveConnector"
 KNOWN = {"kv_connector", "kv_role", "kv_ip", "kv_port", "kv_connector_extra_config"}
-EXTRA = {"peers", "timeout_s"}
+EXTRA = {"peers", "timeout_s", "discover"}
 
 
 @dataclass(frozen=True)
@@ -23,10 +26,14 @@ class KVTransferConfig:
     kv_role: str
     kv_ip: str = "127.0.0.1"
     kv_port: int = 14579
+    """0: a free port, chosen when the producer binds."""
     peers: tuple[str, ...] = field(default_factory=tuple)
-    """The producers a consumer pulls from (tcp://host:port)."""
+    """The producers a consumer pulls from (tcp://host:port); more can be told at run time
+    (producers.py: kvserve.ray tells a decode replica of its prefill replicas)."""
     timeout_s: float = 2.0
     """How long a consumer waits for a producer's answer before it recomputes."""
+    discover: bool = False
+    """A consumer told of (more) producers while it runs."""
 
     @property
     def produces(self) -> bool:
@@ -38,7 +45,8 @@ class KVTransferConfig:
 
     @property
     def endpoint(self) -> str:
-        return f"tcp://{self.kv_ip}:{self.kv_port}"
+        host = f"[{self.kv_ip}]" if ":" in self.kv_ip else self.kv_ip
+        return f"tcp://{host}:{self.kv_port or '*'}"
 
     @classmethod
     def from_any(cls, value: Any) -> KVTransferConfig:
@@ -74,12 +82,18 @@ class KVTransferConfig:
             isinstance(p, str) and p.startswith("tcp://") for p in peers
         ):
             raise ValueError("kv_transfer_config: peers must be a list of tcp://host:port")
-        if role == "kv_consumer" and not peers:
-            raise ValueError("kv_transfer_config: a kv_consumer needs peers (its producers)")
+        discover = extra.get("discover", False)
+        if not isinstance(discover, bool):
+            raise ValueError("kv_transfer_config: discover must be true or false")
+        if role == "kv_consumer" and not peers and not discover:
+            raise ValueError(
+                "kv_transfer_config: a kv_consumer needs peers (its producers), or discover"
+            )
         port = value.get("kv_port", 14579)
-        if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536:
             raise ValueError(f"kv_transfer_config: kv_port must be a port number, got {port!r}")
         timeout = extra.get("timeout_s", 2.0)
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
             raise ValueError("kv_transfer_config: timeout_s must be > 0")
-        return cls(role, str(value.get("kv_ip", "127.0.0.1")), port, tuple(peers), float(timeout))
+        ip = str(value.get("kv_ip", "127.0.0.1"))
+        return cls(role, ip, port, tuple(peers), float(timeout), discover)

@@ -31,12 +31,12 @@ def transfer_config(args: Any) -> KVTransferConfig | None:
 
 
 def remote_tiers(config: KVTransferConfig | None, fingerprint: bytes) -> list[Tier]:
-    """A consumer's producers, each as a read-only tier after its own."""
+    """A consumer's producers, as one read-only tier after its own."""
     if config is None or not config.consumes:
         return []
-    from kvserve.transfer.remote_tier import RemoteTier
+    from kvserve.transfer.producers import Producers
 
-    return [RemoteTier(peer, fingerprint, config.timeout_s) for peer in config.peers]
+    return [Producers(config.peers, fingerprint, config.timeout_s)]
 
 
 def serve_blocks(store: TierStack, fingerprint: bytes, config: KVTransferConfig) -> BlockServer:

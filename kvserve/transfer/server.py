@@ -43,13 +43,14 @@ class BlockServer:
         except zmq.ZMQError as exc:
             self.socket.close()
             raise ValueError(f"kv_transfer_config: cannot serve on {endpoint}: {exc}") from None
-        self.endpoint = endpoint
+        self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        """Where it listens (the port ZMQ chose for `tcp://host:*`)."""
         self.blocks_served = 0
         self.bytes_served = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kvserve-transfer", daemon=True)
         self._thread.start()
-        log.info("KV transfer: serving this engine's blocks on %s", endpoint)
+        log.info("KV transfer: serving this engine's blocks on %s", self.endpoint)
 
     def _run(self) -> None:
         poller = zmq.Poller()

@@ -15,6 +15,7 @@ from kvserve.ray.options import ray_options
 
 pytest.importorskip("ray")
 README = Path(__file__).resolve().parents[2] / "README.md"
+SEVERAL = README.parent / "docs" / "several-engines.md"
 
 
 def deployments(application):
@@ -108,3 +109,64 @@ def test_lora_modules_reach_the_replica_as_serve_reads_them(tmp_path):
     bad = parse_serve_argv(["--lora-modules", f"x={tmp_path / 'none'}"])
     with pytest.raises(ValueError, match="lora-modules"):
         lora_options(bad, engine_args_from(bad))
+
+
+def test_the_split_config_file_of_the_docs_validates_and_builds():
+    from ray.serve._private.api import call_user_app_builder_with_args_if_necessary
+    from ray.serve.schema import ServeDeploySchema
+
+    block = re.search(r"```yaml\n(applications:\n  - name: kvserve-split.*?)```",
+                      SEVERAL.read_text(), re.S)  # fmt: skip
+    assert block is not None
+    config = ServeDeploySchema.model_validate(yaml.safe_load(block.group(1)))
+    (entry,) = config.applications
+    built = call_user_app_builder_with_args_if_necessary(app, entry.args)
+    _, decode = deployments(built)
+    prefill = built._bound_deployment.init_args[2]._bound_deployment
+    assert (prefill.num_replicas, decode.num_replicas) == (1, 2)
+    assert "--offload=cpu:4GiB" in prefill.init_args[0]
+    assert prefill.ray_actor_options == {"num_cpus": 4, "num_gpus": 1}
+
+
+def test_prefill_and_decode_sections_build_two_engine_deployments():
+    """`prefill`/`decode` (a Serve config's mappings, or JSON on `serve run`'s command line)
+    over the common arguments: each its own deployment and role, the split's threshold."""
+    built = app({"model": "demo:random", "max_num_seqs": 8, "prefill_min_tokens": "64",
+                 "prefill": '{"num_replicas": 2, "offload": "cpu:64MiB"}',
+                 "decode": {"num_replicas": 3, "max_num_seqs": 16}})  # fmt: skip
+    _, _, prefill_app, min_tokens = built._bound_deployment.init_args
+    assert min_tokens == 64
+    _, decode = deployments(built)
+    prefill = prefill_app._bound_deployment
+    assert (decode.name, prefill.name) == ("kvserve-decode", "kvserve-prefill")
+    assert (decode.num_replicas, prefill.num_replicas) == (3, 2)
+    decode_argv, role = decode.init_args
+    assert role == "decode" and "--max-num-seqs=16" in decode_argv
+    prefill_argv, role = prefill.init_args
+    assert role == "prefill" and "--max-num-seqs=8" in prefill_argv
+    assert "--offload=cpu:64MiB" in prefill_argv
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        ({"decode": {}}, "decode without prefill"),
+        ({"prefill": {"offload": "cpu:64MiB"}}, "prefill without decode"),
+        ({"prefill": {}, "decode": {}}, "offload cpu:SIZE"),
+        ({"prefill": {"offload": "disk:/tmp/x:1GiB"}, "decode": {}}, "offload cpu:SIZE"),
+        ({"prefill": {"offload": "cpu:64MiB", "block_size": 32}, "decode": {}}, "block_size"),
+        ({"prefill": {"offload": "cpu:64MiB"}, "decode": {"kv_transfer_config": "{}"}},
+         "kv_transfer_config"),
+        ({"prefill": {"offload": "cpu:64MiB", "ingress_replicas": 2}, "decode": {}},
+         "prefill.ingress_replicas"),
+        ({"prefill": {"offload": "cpu:64MiB"}, "decode": {}, "request_router": "serve-default"},
+         "serve-default"),
+        ({"prefill": "[1]", "decode": {}}, "prefill must be a mapping"),
+        ({"prefill_min_tokens": 8}, "only with prefill and decode"),
+        ({"prefill": {"offload": "cpu:64MiB"}, "decode": {}, "prefill_min_tokens": -1},
+         "prefill_min_tokens"),
+    ],
+)  # fmt: skip
+def test_a_wrong_split_is_refused_when_built(args, named):
+    with pytest.raises(ValueError, match=re.escape(named)):
+        app({"model": "demo:random", **args})

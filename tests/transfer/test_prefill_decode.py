@@ -89,3 +89,49 @@ def test_a_block_that_fails_its_checksum_is_recomputed(checkpoints, tmp_path, mo
     finally:
         consumer.shutdown()
         producer.shutdown()
+
+
+def test_a_consumer_told_of_its_producers_while_it_runs(checkpoints, tmp_path):
+    """`discover`: no peers at start; each producer (on a port ZMQ picked) told of before the
+    requests whose blocks it holds, as kvserve.ray tells a decode replica. One gone is asked
+    once, then dropped; its replacement on another port is pulled from."""
+    ck = checkpoints["llama"]
+    common = dict(block_size=4, dtype="float32", num_threads=1, num_kv_blocks=96)
+    consumer = LLM(ck.path, **common, kv_transfer_config={
+        "kv_role": "kv_consumer",
+        "kv_connector_extra_config": {"discover": True, "timeout_s": 1},
+    })  # fmt: skip
+
+    def producer() -> tuple[LLM, str]:
+        llm = LLM(ck.path, offload="cpu:64MiB", **common,
+                  kv_transfer_config={"kv_role": "kv_producer", "kv_port": 0})  # fmt: skip
+        return llm, llm.engine.tiers.server.endpoint
+
+    producers = consumer.engine.tiers.producers
+    first, where = producer()
+    try:
+        assert not where.endswith(":*") and producers.endpoints == []
+        prefill(first)
+        producers.tell(where)
+        assert decode(consumer) == [ck.reference(p, NEW) for p in PROMPTS]
+        pulled = consumer.stats()["external_hit_tokens"]
+        assert pulled > 0
+        first.shutdown()
+        second, elsewhere = producer()
+        assert elsewhere != where
+        try:
+            shifted = [[t + 1 for t in p] for p in PROMPTS]  # not in the consumer's cache
+            params = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True)
+            second.generate(shifted, SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
+            producers.tell(elsewhere)
+            outs = consumer.generate(shifted, params, use_tqdm=False)
+            assert [o.outputs[0].token_ids for o in outs] == [ck.reference(p, NEW) for p in shifted]
+            assert consumer.stats()["external_hit_tokens"] > pulled
+            producers.tell(where)  # the one gone: asked once, then dropped
+            consumer.generate([[t + 2 for t in PROMPTS[0]]], params, use_tqdm=False)
+            assert where not in producers.endpoints and elsewhere in producers.endpoints
+            assert consumer.engine.manager.pool.num_used == 0
+        finally:
+            second.shutdown()
+    finally:
+        consumer.shutdown()

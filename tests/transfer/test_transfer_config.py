@@ -17,7 +17,9 @@ BAD = {
     "peer": ({"kv_role": "kv_both", "kv_connector_extra_config": {"peers": ["host:1"]}}, "tcp://"),
     "port": ({"kv_role": "kv_producer", "kv_port": 70000}, "kv_port"),
     "extra": ({"kv_role": "kv_producer", "kv_connector_extra_config": {"x": 1}}, "takes"),
-}
+    "discover": ({"kv_role": "kv_consumer", "kv_connector_extra_config": {"discover": 1}},
+                 "discover must be"),
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("case", list(BAD))
@@ -35,6 +37,11 @@ def test_roles():
         {"kv_role": "kv_both", "kv_connector_extra_config": {"peers": ["tcp://h:1"]}}
     )
     assert both.produces and both.consumes and both.peers == ("tcp://h:1",)
+    # Port 0: the one ZMQ picks; a consumer that discovers its producers names none.
+    assert KVTransferConfig.from_any({"kv_role": "kv_producer", "kv_port": 0, "kv_ip": "::1"}
+                                     ).endpoint == "tcp://[::1]:*"  # fmt: skip
+    told = {"kv_role": "kv_consumer", "kv_connector_extra_config": {"discover": True}}
+    assert KVTransferConfig.from_any(told).peers == ()
 
 
 def test_a_producer_without_a_cpu_tier_is_refused(checkpoints):
