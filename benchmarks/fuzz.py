@@ -13,7 +13,8 @@ same request alone with prefix caching off (greedy float32, or its own
 seed); the KV cache's invariants are checked after every step. Findings
 (mismatch, hang, leak, duplicate, invariant, error) are shrunk to a minimal
 workload, printed, and written to `--out` as JSON for `--replay`. The table
-says what was exercised per architecture.
+says what was exercised per architecture. Engines run the default (fast) float32
+matmuls; `KVSERVE_EXACT=1` fuzzes the exact mode.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("KVSERVE_EXACT", "0")  # before tests.conftest makes the suite's exact default
 
 COLUMNS = [
     ("workloads", "workloads"),

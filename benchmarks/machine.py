@@ -27,6 +27,18 @@ def load() -> str:
         return "?"
 
 
+ISA_CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+"""Variables that make torch, oneDNN and MKL run older instruction sets than the CPU has
+(e.g. all three at AVX2 on an AVX-512 CPU): a header says so, since its figures are then
+an emulation of another CPU's."""
+
+
+def isa_caps() -> str:
+    """ "ISA capped: ATEN_CPU_CAPABILITY=avx2 ..." where any is set, else ""."""
+    caps = [f"{name}={os.environ[name]}" for name in ISA_CAPS if os.environ.get(name)]
+    return "ISA capped: " + " ".join(caps) if caps else ""
+
+
 def machine_line(threads: int | None = None) -> str:
     """CPU and flags, CPUs (those this process may use, where fewer), the threads a run
     uses where it has one count (a script whose rows differ says so in its rows) and the
@@ -37,4 +49,6 @@ def machine_line(threads: int | None = None) -> str:
     if threads is not None:
         parts.append(f"{threads} thread(s)")
     parts.append(f"load {load()}")
+    if caps := isa_caps():
+        parts.append(caps)
     return ", ".join(parts)

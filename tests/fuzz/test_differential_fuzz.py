@@ -1,5 +1,6 @@
-"""The differential fuzzer in CI: a minute of random workloads over every architecture,
-and the shrunk workloads of what it found before, replayed."""
+"""The differential fuzzer in CI: a minute of random workloads over every architecture (half
+in the exact mode the suite runs, half in the default fast float32 mode, its own
+references), and the shrunk workloads of what it found before, replayed."""
 
 from __future__ import annotations
 
@@ -8,13 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from kvserve.engine.engine_args import EXACT_ENV
 from tests._shared import shared_dir
 from tests.fuzz.campaign import run_campaign
 from tests.fuzz.differential import References, run_workload
 from tests.fuzz.models import FUZZ_ARCHS, fuzz_checkpoints
 from tests.fuzz.workloads import Workload
 
-CI_SECONDS = 60
+CI_SECONDS = 30
+"""Per mode."""
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +37,13 @@ def test_shrunk_findings_stay_fixed(references: References, name: str) -> None:
 
 
 @pytest.mark.slow
-def test_a_minute_of_random_workloads_finds_nothing(references: References) -> None:
-    campaign = run_campaign(references, FUZZ_ARCHS, CI_SECONDS, seed=0, shrink_seconds=60)
+@pytest.mark.parametrize("exact", ["1", "0"], ids=["exact", "fast"])
+def test_a_minute_of_random_workloads_finds_nothing(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch, exact: str
+) -> None:
+    monkeypatch.setenv(EXACT_ENV, exact)  # each mode against its own lone runs
+    references = References(fuzz_checkpoints(shared_dir(tmp_path_factory)))
+    campaign = run_campaign(references, FUZZ_ARCHS, CI_SECONDS, seed=int(exact), shrink_seconds=60)
     total = sum(c["workloads"] for c in campaign.counts.values())
     assert total >= len(FUZZ_ARCHS), "every architecture ran at least once"
     assert not campaign.findings, campaign.report()

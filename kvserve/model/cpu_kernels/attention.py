@@ -10,8 +10,8 @@ SDPA's arithmetic (float32 scores, softmax and sums; the probabilities rounded
 to bfloat16 before they weight the values, as its flash kernel does: without
 that rounding the default model's greedy tokens left float32's and vLLM's
 within five tokens of a benchmark prompt), in 0.11-0.45x the time of gather +
-SDPA (benchmarks/README.md, "cpu_kernels"). float32 keeps SDPA: it is the
-engine's exact mode, token for token with transformers.
+SDPA (benchmarks/README.md, "cpu_kernels"). float32 keeps SDPA: its exact mode is
+token for token with transformers.
 
 A causal prefill without a window or soft-cap runs on AVX-512's bfloat16 dot
 products where the CPU has them: its scores in one pass, exact row maxima, then

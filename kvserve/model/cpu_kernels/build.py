@@ -39,7 +39,7 @@ preloaded) runs the kernels' threads."""
 
 LINK = ("-shared", "-fopenmp")
 """Link flags: without -ffast-math, which would link gcc's crtfastmath.o into the library
-and set flush-to-zero for the whole process when it loads (float32, the exact mode,
+and set flush-to-zero for the whole process when it loads (float32, whose exact mode
 would lose its subnormals)."""
 
 

@@ -8,7 +8,7 @@ numbers. `layer_ops.c` computes the same arithmetic with the same roundings to
 bfloat16 in the same places (float32 between them), so the bits agree with
 torch's up to the order of a float32 sum (RMSNorm's mean) and the exp of SiLU
 (glibc's vector exp against torch's): a rare last-bit difference of a
-bfloat16. float32 keeps torch's ops, the engine's exact mode.
+bfloat16. float32 keeps torch's ops (its exact mode needs them).
 
 Enabled, like the decode attention kernel, once by a bfloat16 runner on the
 CPU; `ops()` is None until then and wherever it cannot be built.

@@ -1,8 +1,8 @@
 """Turning the CPU kernels on for an engine, and the words its load log says about them.
 
 The kernels are process-wide (the attention and layer functions look them up
-per call): a bfloat16 runner on the CPU enables them once; float32, the exact
-mode, never does.
+per call): a bfloat16 runner on the CPU enables them once; float32 never does
+(its exact mode must keep torch's ops).
 """
 
 from __future__ import annotations

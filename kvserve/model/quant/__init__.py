@@ -11,7 +11,8 @@ Packed weights are computed in bfloat16 on torch's CPU kernels. Files:
                     are; quantization gguf's rule per tensor
     fusion.py       q/k/v and gate/up stacked into one layer each after loading (float,
                     int8 or int4 rows), or run one by one where they cannot stack
-    onednn_linear.py bfloat16 linear layers (and a tied lm_head) with their weights
-                    pre-packed for oneDNN on the CPU: F.linear's bits without its
-                    per-call weight reorder; float32 and packed modes left alone
+    onednn_linear.py bfloat16 and float32 linear layers (and a tied lm_head) with
+                    their weights pre-packed for oneDNN on the CPU, no per-call
+                    weight reorder: F.linear's bits in bfloat16; float32 only
+                    outside the exact mode; packed modes left alone
 """
