@@ -10,6 +10,11 @@ step computed, after it. Keys are (group, block hash): block hashes are
 deterministic across processes, so a restarted engine or another process
 with the same model and directory finds what this one saved.
 
+`lookup` asks the tiers about a request's whole run of blocks at once
+(`contains_many`, then `get_many`): a producer's tier over the network
+(kvserve.transfer) answers each in one round trip, not one per block, and a
+block that is missing or fails its check ends the hit just before it.
+
 The payloads a hit needs are read during `lookup` and kept until the
 request is allocated, so a file that another process evicts (or that turns
 out corrupt) in between costs a miss, never a load of missing data.
@@ -120,43 +125,61 @@ class OffloadConnector:
             return 0
         start = num_local_hit_tokens // hb
         limit = min((num_tokens - 1) // hb, len(block_hashes))
-        contains = self.store.contains
-        hashes = block_hashes
+        if limit <= start:
+            return 0
+        # The whole run at once: a tier over the network answers it in one round trip.
+        run = range(start, limit)
+        keys = [block_key(g.group_id, block_hashes[i]) for i in run for g in self.attention]
+        keys += [block_key(g.group_id, block_hashes[i]) for i in run for g in self.states]
+        held = dict(zip(keys, self.store.contains_many(keys), strict=True))
         end = start
         while end < limit and all(
-            contains(block_key(g.group_id, hashes[end])) for g in self.attention
+            held[block_key(g.group_id, block_hashes[end])] for g in self.attention
         ):
             end += 1
+        fetched: dict[bytes, bytes | None] = {}
         while end > start:
-            if self.states:
-                while end > start and not all(
-                    contains(block_key(g.group_id, hashes[end - 1])) for g in self.states
-                ):
-                    end -= 1
-                if end == start:
-                    return 0
-            staged = self._read(hashes, start, end)
+            while end > start and not all(
+                held[block_key(g.group_id, block_hashes[end - 1])] for g in self.states
+            ):
+                end -= 1
+            if end == start:
+                return 0
+            want = self._keys(block_hashes, start, end)
+            new = [k for k in want if k not in fetched]
+            fetched.update(zip(new, self.store.get_many(new), strict=True))
+            staged = self._stage(block_hashes, start, end, fetched)
             if isinstance(staged, _Staged):
                 self._staged[request_id] = staged
                 return (end - start) * hb
-            end = staged  # a payload went missing: try shorter
+            end = staged  # a payload went missing or failed its check: the run before it
+            for k, data in fetched.items():
+                held[k] = held[k] and data is not None
         return 0
 
-    def _read(self, hashes: Sequence[bytes], start: int, end: int) -> _Staged | int:
-        """All payloads of [start, end), or the shorter end to retry with."""
-        get = self.store.get
+    def _keys(self, hashes: Sequence[bytes], start: int, end: int) -> list[bytes]:
+        """What a hit of hash blocks [start, end) loads: every attention block, and each
+        state group's snapshot where it ends."""
+        keys = [block_key(g.group_id, hashes[i]) for i in range(start, end) for g in self.attention]
+        return keys + [block_key(g.group_id, hashes[end - 1]) for g in self.states]
+
+    def _stage(
+        self, hashes: Sequence[bytes], start: int, end: int, fetched: dict[bytes, bytes | None]
+    ) -> _Staged | int:
+        """All payloads of [start, end), or the shorter end to retry with (the first block
+        that is missing: what follows it cannot be used without it)."""
         blocks = []
         for i in range(start, end):
             row = []
             for g in self.attention:
-                data = get(block_key(g.group_id, hashes[i]))
+                data = fetched[block_key(g.group_id, hashes[i])]
                 if data is None:
                     return i
                 row.append(data)
             blocks.append(row)
         states = []
         for g in self.states:
-            data = get(block_key(g.group_id, hashes[end - 1]))
+            data = fetched[block_key(g.group_id, hashes[end - 1])]
             if data is None:
                 return end - 1
             states.append(data)
@@ -216,7 +239,7 @@ class OffloadConnector:
         the tiers' events describe the stored blocks with it).
         """
         full = plan.num_cacheable_blocks
-        if not full:
+        if not full or not self.store.writable:
             return
         t0 = time.perf_counter()
         hb = self.hash_block_size
@@ -224,7 +247,10 @@ class OffloadConnector:
         start = plan.start
         saved = self._saved.setdefault(plan.request_id, _Saved())
         first = max(saved.num_blocks, start // hb)
-        contains = self.store.contains
+
+        def contains(key: bytes) -> bool:  # what this engine's own tiers hold, not a peer's
+            return self.store.contains(key, remote=False)
+
         for i in range(first, full):
             for g in self.attention:
                 key = block_key(g.group_id, hashes[i])
