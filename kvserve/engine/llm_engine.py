@@ -140,7 +140,8 @@ class LLMEngine:
         if args.kv_events_config is not None:
             from kvserve.events.engine_events import make_engine_events
 
-            self.kv_events = make_engine_events(self.manager, args.kv_events_config)
+            extra = self.tiers.transfer_metadata() if self.tiers is not None else None
+            self.kv_events = make_engine_events(self.manager, args.kv_events_config, extra)
             if self.kv_events is not None and self.connector is not None:
                 self.kv_events.watch_tiers(self.connector.store)
 

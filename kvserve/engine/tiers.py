@@ -97,6 +97,15 @@ class EngineTiers:
             counts["bytes_served"] = self.server.bytes_served
         return counts
 
+    def transfer_metadata(self) -> dict[str, Any] | None:
+        """What a router's event mirror needs to predict a consumer's hit (the producers'
+        tiers it reads, kvserve.events.index): where this engine serves, whom it reads."""
+        t = self.transfer
+        if t is None:
+            return None
+        serves = t.endpoint if t.produces else None
+        return {"kv_transfer": {"serves": serves, "reads": list(t.peers) if t.consumes else []}}
+
     def stats(self) -> dict[str, Any]:
         c = self.connector.stats
         return {
