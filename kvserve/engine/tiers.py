@@ -89,6 +89,7 @@ class EngineTiers:
             "blocks_received": sum(t.blocks_received for t in remote),
             "bytes_received": sum(t.bytes_received for t in remote),
             "blocks_rejected": sum(t.rejected for t in remote),
+            "asks": sum(t.asks for t in remote),
             "failed_asks": sum(t.failures for t in remote),
             "seconds": sum(t.seconds for t in remote),
         }
