@@ -307,8 +307,10 @@ class LLMEngine:
     def _step(self) -> list[RequestOutput]:
         t0 = time.perf_counter()
         out = self.scheduler.schedule()
-        if not out.chunks:
-            self.grammars.wait(self.scheduler.waiting)  # only compiles left to wait for
+        if not out.chunks:  # only compiles, or blocks from a producer, left to wait for
+            self.grammars.wait(self.scheduler.waiting)
+            if self.connector is not None:
+                self.connector.wait_fetches()
         self.last_step_num_chunks = len(out.chunks)
         self.last_step_num_tokens = sum(c.num_tokens for c in out.chunks)
         tracker = self.tracker

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 from kvserve.kvcache.plan import StatePlan, StepPlan
 from kvserve.kvcache.specs import KVCacheSpec
+from kvserve.offload.fetch import PENDING, Fetches
 from kvserve.offload.store import TierStack
 
 
@@ -108,6 +109,9 @@ class OffloadConnector:
         self._staged: dict[str, _Staged] = {}
         self._loads: list[_Load] = []
         self._saved: dict[str, _Saved] = {}
+        remote = any(getattr(t, "read_only", False) for t in store.tiers)
+        self.fetches = Fetches() if remote else None
+        """Lookups that ask a producer run off the engine thread (fetch.py)."""
 
     # -- scheduler side -----------------------------------------------------------
 
@@ -118,15 +122,38 @@ class OffloadConnector:
         block_hashes: Sequence[bytes],
         num_local_hit_tokens: int,
     ) -> int:
-        """External hit tokens after the local hit (a multiple of the hash block)."""
+        """External hit tokens after the local hit (a multiple of the hash block); -1
+        while a producer's answer is on its way (fetch.py: the request waits a step)."""
         hb = self.hash_block_size
         self._staged.pop(request_id, None)
         if num_local_hit_tokens % hb:
             return 0
         start = num_local_hit_tokens // hb
+        if self.fetches is None:  # the tiers answer at once
+            staged = self._find(num_tokens, block_hashes, start)
+        else:
+            hashes = list(block_hashes)
+            answer = self.fetches.result(request_id, lambda: self._find(num_tokens, hashes, start))
+            if answer is PENDING:
+                return -1
+            staged = _from(answer, start)  # the local hit may have grown meanwhile
+        if staged is None:
+            return 0
+        self._staged[request_id] = staged
+        return (staged.end - staged.start) * hb
+
+    def wait_fetches(self, timeout: float = 0.05) -> None:
+        """An engine with nothing to run waits here for a producer's answer."""
+        if self.fetches is not None:
+            self.fetches.wait(timeout)
+
+    def _find(self, num_tokens: int, block_hashes: Sequence[bytes], start: int) -> _Staged | None:
+        """The longest run from hash block `start` that the tiers hold, read (thread-safe:
+        it only asks the tiers)."""
+        hb = self.hash_block_size
         limit = min((num_tokens - 1) // hb, len(block_hashes))
         if limit <= start:
-            return 0
+            return None
         # The whole run at once: a tier over the network answers it in one round trip.
         run = range(start, limit)
         keys = [block_key(g.group_id, block_hashes[i]) for i in run for g in self.attention]
@@ -144,18 +171,17 @@ class OffloadConnector:
             ):
                 end -= 1
             if end == start:
-                return 0
+                return None
             want = self._keys(block_hashes, start, end)
             new = [k for k in want if k not in fetched]
             fetched.update(zip(new, self.store.get_many(new), strict=True))
             staged = self._stage(block_hashes, start, end, fetched)
             if isinstance(staged, _Staged):
-                self._staged[request_id] = staged
-                return (end - start) * hb
+                return staged
             end = staged  # a payload went missing or failed its check: the run before it
             for k, data in fetched.items():
                 held[k] = held[k] and data is not None
-        return 0
+        return None
 
     def _keys(self, hashes: Sequence[bytes], start: int, end: int) -> list[bytes]:
         """What a hit of hash blocks [start, end) loads: every attention block, and each
@@ -215,6 +241,8 @@ class OffloadConnector:
     def request_finished(self, request_id: str) -> None:
         self._staged.pop(request_id, None)
         self._saved.pop(request_id, None)
+        if self.fetches is not None:
+            self.fetches.forget(request_id)
 
     # -- worker side --------------------------------------------------------------
 
@@ -275,4 +303,15 @@ class OffloadConnector:
 
     def close(self) -> None:
         """Finish pending writes."""
+        if self.fetches is not None:
+            self.fetches.close()
         self.store.close()
+
+
+def _from(staged: _Staged | None, start: int) -> _Staged | None:
+    """The part of a run found earlier that follows a local hit ending at `start`."""
+    if staged is None or not staged.start <= start < staged.end:
+        return None
+    if start == staged.start:
+        return staged
+    return _Staged(start, staged.end, staged.blocks[start - staged.start :], staged.states)

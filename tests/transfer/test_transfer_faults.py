@@ -8,7 +8,9 @@ from a man in the middle (_tamper.py) between the consumer and a real producer:
   recomputed with what follows it, the blocks before it are used;
 - an answer that lost frames: the whole ask is a miss, recomputed;
 - the producer's kept blocks evicted by memory pressure before the pull (a small CPU
-  tier), also while it keeps prefilling as the consumer pulls.
+  tier), also while it keeps prefilling as the consumer pulls;
+- a producer slow to answer: the consumer's running requests go on generating meanwhile
+  (the pull runs off the engine thread), the waiting one is admitted when its blocks come.
 
 Every time: the consumer's greedy tokens equal transformers' (a lone engine's), and
 both engines' pools end with every block free and the manager's invariants holding.
@@ -24,6 +26,7 @@ import pytest
 
 from kvserve import LLM, SamplingParams
 from kvserve.kvcache import check_invariants
+from kvserve.sampling_params import RequestOutputKind
 from tests._ports import free_port
 from tests.transfer._tamper import Tamper
 
@@ -40,9 +43,9 @@ def producer_engine(ck, cpu: str = "cpu:64MiB") -> LLM:
                offload=cpu, kv_transfer_config=config)  # fmt: skip
 
 
-def consumer_engine(ck, peer: str) -> LLM:
+def consumer_engine(ck, peer: str, timeout_s: float = 1) -> LLM:
     config = {"kv_role": "kv_consumer",
-              "kv_connector_extra_config": {"peers": [peer], "timeout_s": 1}}  # fmt: skip
+              "kv_connector_extra_config": {"peers": [peer], "timeout_s": timeout_s}}  # fmt: skip
     return LLM(ck.path, block_size=BS, dtype="float32", num_threads=1, num_kv_blocks=128,
                kv_transfer_config=config)  # fmt: skip
 
@@ -163,4 +166,50 @@ def test_blocks_evicted_by_memory_pressure_before_the_pull_are_recomputed(checkp
         assert_no_leak(producer, consumer)
     finally:
         consumer.shutdown()
+        producer.shutdown()
+
+
+def test_a_slow_producer_never_stalls_the_consumer_running_requests(checkpoints):
+    ck = checkpoints["llama"]
+    gate = threading.Event()
+
+    def hold(n: int, frames: list[bytes]) -> list[bytes]:
+        gate.wait(60)  # the producer's answer is on its way until the test opens the gate
+        return frames
+
+    producer = producer_engine(ck)
+    tamper = Tamper(endpoint(producer), hold)
+    consumer = consumer_engine(ck, tamper.endpoint, timeout_s=60)
+    engine = consumer.engine
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True,
+                            output_kind=RequestOutputKind.FINAL_ONLY)  # fmt: skip
+    done: dict[str, list[int]] = {}
+
+    def step() -> None:
+        for output in engine.step():
+            if output.finished:
+                done[output.request_id] = output.outputs[0].token_ids
+
+    try:
+        run(producer, PROMPTS[:1], 1)
+        engine.add_request("running", PROMPTS[1], params)  # the producer lacks its blocks
+        while not engine.scheduler.running:
+            step()
+        engine.add_request("pulling", PROMPTS[0], params)  # its blocks wait behind the gate
+        before = engine.scheduler.running[0].num_computed_tokens
+        for _ in range(8):
+            step()
+        assert [r.request_id for r in engine.scheduler.waiting] == ["pulling"]
+        assert engine.scheduler.running[0].num_computed_tokens == before + 8
+        gate.set()
+        while engine.has_unfinished_requests():
+            step()
+        assert done == {"running": ck.reference(PROMPTS[1], 24),
+                        "pulling": ck.reference(PROMPTS[0], 24)}  # fmt: skip
+        assert consumer.stats()["external_hit_tokens"] == RUN * BS  # pulled, not recomputed
+        assert_no_leak(producer, consumer)
+    finally:
+        gate.set()
+        consumer.shutdown()
+        tamper.close()
         producer.shutdown()
