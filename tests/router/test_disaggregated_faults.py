@@ -23,7 +23,7 @@ N = 6
 
 
 def chat(url: str, i: int) -> tuple[int, str]:
-    body = {"messages": [{"role": "user", "content": f"{i}: {LONG}"}], "max_tokens": 48,
+    body = {"messages": [{"role": "user", "content": f"{i}: {LONG}"}], "max_tokens": 256,
             "temperature": 0, "ignore_eos": True}  # fmt: skip
     resp = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120)
     if resp.status_code != 200:
@@ -45,23 +45,26 @@ def test_a_decode_engine_killed_before_its_first_byte_loses_no_request(demo):
     router = None
     try:
         prefill, a, b = [wait_healthy(s) for s in started]
-        want = [chat(prefill.url, i) for i in range(N)]  # one engine, the whole request
+        with ThreadPoolExecutor(N) as pool:  # one engine, the whole request
+            want = list(pool.map(lambda i: chat(prefill.url, i), range(N)))
         route = ["route", "--prefill", prefill.url, "--decode", a.url, "--decode", b.url]
-        router = start_command([*route, "--prefill-min-tokens", "16"], demo)
+        # Round robin: A surely gets requests (each long enough to be seen running).
+        router = start_command([*route, "--prefill-min-tokens", "16", "--policy", "round-robin"],
+                               demo)  # fmt: skip
 
         def running(server) -> float:
             return metric(scrape(server), "kvserve:num_requests_running")
 
         with ThreadPoolExecutor(N) as pool:
             answers = [pool.submit(chat, router.url, i) for i in range(N)]
-            wait_for(lambda: running(a) > 0, what="a request running on decode engine A")
+            wait_for(lambda: running(a) > 0, 120, "a request running on decode engine A")
             a.proc.kill()
             a.proc.wait()
             got = [f.result() for f in answers]
         assert got == want
         assert router_value(router, "retries_total", a) >= 1  # A's requests went to B
         for server in (prefill, b):
-            wait_for(lambda s=server: running(s) == 0, what="the engines idle")
+            wait_for(lambda s=server: running(s) == 0, 120, "the engines idle")
             assert metric(scrape(server), "kvserve:kv_cache_usage_perc") == 0
         assert metric(scrape(b), "kvserve:kv_transfer_blocks_received_total") > 0
     finally:
