@@ -55,7 +55,7 @@ class EngineTiers:
         )
         key_bytes = len(block_key(0, HASH_FUNCTIONS[args.hash_fn](b"")))
         transfer = transfer_config(args)
-        remote = remote_tiers(transfer, fingerprint)
+        remote = remote_tiers(transfer, fingerprint, largest)
         store = build_store(args.offload, fingerprint, largest, key_bytes, remote)
         self.transfer = transfer
         self.server = (

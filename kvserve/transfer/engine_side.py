@@ -30,13 +30,17 @@ def transfer_config(args: Any) -> KVTransferConfig | None:
     return config
 
 
-def remote_tiers(config: KVTransferConfig | None, fingerprint: bytes) -> list[Tier]:
-    """A consumer's producers, each as a read-only tier after its own."""
+def remote_tiers(
+    config: KVTransferConfig | None, fingerprint: bytes, largest_payload: int
+) -> list[Tier]:
+    """A consumer's producers, each as a read-only tier after its own; `largest_payload`:
+    the largest block it stores (a larger frame from a producer is refused unread)."""
     if config is None or not config.consumes:
         return []
     from kvserve.transfer.remote_tier import RemoteTier
 
-    return [RemoteTier(peer, fingerprint, config.timeout_s) for peer in config.peers]
+    timeout = config.timeout_s
+    return [RemoteTier(peer, fingerprint, timeout, largest_payload) for peer in config.peers]
 
 
 def serve_blocks(store: TierStack, fingerprint: bytes, config: KVTransferConfig) -> BlockServer:

@@ -29,6 +29,8 @@ log = logging.getLogger("kvserve.transfer")
 BACKOFF_SECONDS = 5.0
 KEY_BUDGET = MAX_REQUEST_BYTES // 2
 """Key bytes one ask carries at most (the rest of the request is a few bytes of framing)."""
+HEADER_BYTES = 16 * MAX_KEYS + 64
+"""An answer's header frame at most: a status and a checksum (or nil) per key."""
 
 
 class RemoteTier:
@@ -39,10 +41,15 @@ class RemoteTier:
     capacity = 0
     used_bytes = 0
 
-    def __init__(self, endpoint: str, fingerprint: bytes, timeout_s: float) -> None:
+    def __init__(
+        self, endpoint: str, fingerprint: bytes, timeout_s: float, largest_payload: int = 0
+    ) -> None:
         self.endpoint = endpoint
         self.fingerprint = fingerprint
         self.timeout_ms = int(timeout_s * 1000)
+        self.max_frame = max(largest_payload, HEADER_BYTES) if largest_payload else -1
+        """A frame larger than any block (or than a header) is refused unread (ZMQ drops
+        the connection): one ask holds at most MAX_KEYS blocks (-1: no bound)."""
         self.context: zmq.Context[Any] = zmq.Context.instance()
         self.socket: Any = None
         self._lock = threading.Lock()
@@ -133,6 +140,7 @@ class RemoteTier:
             self.socket.setsockopt(zmq.LINGER, 0)
             self.socket.setsockopt(zmq.RCVTIMEO, self.timeout_ms)
             self.socket.setsockopt(zmq.SNDTIMEO, self.timeout_ms)
+            self.socket.setsockopt(zmq.MAXMSGSIZE, self.max_frame)
             self.socket.connect(self.endpoint)
         try:
             self.socket.send(msgspec.msgpack.encode([op, self.fingerprint, list(keys)]))

@@ -65,3 +65,28 @@ def test_a_producer_gone_is_recomputed(checkpoints, tmp_path):
         assert consumer.stats()["external_hit_tokens"] == 0
     finally:
         consumer.shutdown()
+
+
+def test_two_engines_that_both_produce_and_consume_serve_only_their_own_blocks(checkpoints):
+    """kv_both, each the other's peer: a producer answers from its own tiers, never by
+    asking its peers in turn (two servers waiting on each other until both time out)."""
+    ck = checkpoints["llama"]
+    ports = free_port(), free_port()
+    both = [
+        LLM(ck.path, block_size=4, dtype="float32", num_threads=1, num_kv_blocks=96,
+            offload="cpu:64MiB", kv_transfer_config={
+                "kv_role": "kv_both", "kv_port": ports[i],
+                "kv_connector_extra_config": {"peers": [f"tcp://127.0.0.1:{ports[1 - i]}"],
+                                              "timeout_s": 1}})
+        for i in range(2)
+    ]  # fmt: skip
+    a, b = both
+    try:
+        prefill(a)
+        assert decode(b) == [ck.reference(p, NEW) for p in PROMPTS]
+        assert b.stats()["external_hit_tokens"] > 0
+        stats = [e.engine.tiers.transfer_stats() for e in both]
+        assert [s["failed_asks"] for s in stats] == [0, 0]
+    finally:
+        b.shutdown()
+        a.shutdown()

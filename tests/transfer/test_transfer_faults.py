@@ -6,7 +6,8 @@ from a man in the middle (_tamper.py) between the consumer and a real producer:
   the rest is recomputed after one timeout;
 - a payload's bytes flipped, or cut short: that block fails its checksum and is
   recomputed with what follows it, the blocks before it are used;
-- an answer that lost frames: the whole ask is a miss, recomputed;
+- an answer that lost frames, or with a frame larger than any block (refused unread):
+  the whole ask is a miss, recomputed;
 - the producer's kept blocks evicted by memory pressure before the pull (a small CPU
   tier), also while it keeps prefilling as the consumer pulls;
 - a producer slow to answer: the consumer's running requests go on generating meanwhile
@@ -122,6 +123,16 @@ def test_an_answer_that_lost_frames_is_a_miss(checkpoints):
     assert stats["external_hit_tokens"] == 0 and tier.blocks_received == 0
 
 
+def test_a_frame_larger_than_any_block_is_refused_unread(checkpoints):
+    def inflate(n: int, frames: list[bytes]) -> list[bytes]:
+        return [frames[0], frames[1] + bytes(1 << 20), *frames[2:]]  # a block is KiBs
+
+    stats, tier, _ = transfer(checkpoints["llama"], inflate)
+    # ZMQ dropped the connection at the frame's size: a failed ask, not a checksum.
+    assert tier.failures == 1 and tier.rejected == 0
+    assert stats["external_hit_tokens"] == 0
+
+
 def test_a_producer_gone_mid_transfer_costs_one_timeout(checkpoints):
     answered = 2
 
@@ -207,6 +218,33 @@ def test_a_slow_producer_never_stalls_the_consumer_running_requests(checkpoints)
         assert done == {"running": ck.reference(PROMPTS[1], 24),
                         "pulling": ck.reference(PROMPTS[0], 24)}  # fmt: skip
         assert consumer.stats()["external_hit_tokens"] == RUN * BS  # pulled, not recomputed
+        assert_no_leak(producer, consumer)
+    finally:
+        gate.set()
+        consumer.shutdown()
+        tamper.close()
+        producer.shutdown()
+
+
+def test_a_request_aborted_while_its_blocks_are_on_their_way_leaves_nothing(checkpoints):
+    ck = checkpoints["llama"]
+    gate = threading.Event()
+    producer = producer_engine(ck)
+    tamper = Tamper(endpoint(producer), lambda n, frames: frames if gate.wait(60) else None)
+    consumer = consumer_engine(ck, tamper.endpoint, timeout_s=60)
+    engine = consumer.engine
+    params = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True)
+    try:
+        run(producer, PROMPTS[:1], 1)
+        engine.add_request("leaving", PROMPTS[0], params)
+        engine.step()  # its lookup waits for the producer
+        assert engine.scheduler.waiting and not engine.scheduler.running
+        engine.abort_request("leaving")  # its client left
+        assert not engine.has_unfinished_requests()
+        gate.set()  # the answer still comes, for nobody
+        assert run(consumer, PROMPTS[:1]) == [ck.reference(PROMPTS[0], NEW)]
+        assert consumer.stats()["external_hit_tokens"] == RUN * BS  # pulled again, whole
+        assert not engine.connector._staged and not engine.connector.fetches._futures
         assert_no_leak(producer, consumer)
     finally:
         gate.set()
