@@ -5,7 +5,8 @@ from a man in the middle (_tamper.py) between the consumer and a real producer:
 - the producer gone mid-transfer (its answers stop): the asks already answered are used,
   the rest is recomputed after one timeout;
 - a payload's bytes flipped, or cut short: that block fails its checksum and is
-  recomputed with what follows it, the blocks before it are used;
+  recomputed with what follows it, the blocks before it are used (also with sliding
+  windows, Gemma 3, and Mamba2 states, Bamba);
 - an answer that lost frames, or with a frame larger than any block (refused unread):
   the whole ask is a miss, recomputed;
 - the producer's kept blocks evicted by memory pressure before the pull (a small CPU
@@ -40,14 +41,14 @@ RUN = (40 - 1) // BS
 
 def producer_engine(ck, cpu: str = "cpu:64MiB") -> LLM:
     config = {"kv_role": "kv_producer", "kv_port": free_port()}
-    return LLM(ck.path, block_size=BS, dtype="float32", num_threads=1, num_kv_blocks=128,
+    return LLM(ck.path, block_size=BS, dtype="float32", num_threads=1, num_kv_blocks=256,
                offload=cpu, kv_transfer_config=config)  # fmt: skip
 
 
 def consumer_engine(ck, peer: str, timeout_s: float = 1) -> LLM:
     config = {"kv_role": "kv_consumer",
               "kv_connector_extra_config": {"peers": [peer], "timeout_s": timeout_s}}  # fmt: skip
-    return LLM(ck.path, block_size=BS, dtype="float32", num_threads=1, num_kv_blocks=128,
+    return LLM(ck.path, block_size=BS, dtype="float32", num_threads=1, num_kv_blocks=256,
                kv_transfer_config=config)  # fmt: skip
 
 
@@ -115,6 +116,16 @@ def test_a_corrupt_block_recomputes_itself_and_what_follows_only(checkpoints, fa
     assert tier.rejected == tamper.gets >= len(PROMPTS)
     assert stats["external_hit_tokens"] == len(PROMPTS) * bad * BS
     assert tier.failures == 0
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "bamba"])
+def test_a_corrupt_block_of_a_window_or_state_model_is_recomputed(
+    arch, gemma3_checkpoint, bamba_checkpoint
+):
+    ck = gemma3_checkpoint if arch == "gemma3" else bamba_checkpoint
+    stats, tier, tamper = transfer(ck, flip(1))  # a block every answer holds
+    assert tier.rejected == tamper.gets >= len(PROMPTS) and tier.failures == 0
+    assert stats["external_hit_tokens"] < len(PROMPTS) * RUN * BS  # the hit ends before it
 
 
 def test_an_answer_that_lost_frames_is_a_miss(checkpoints):
