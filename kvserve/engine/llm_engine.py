@@ -141,7 +141,8 @@ class LLMEngine:
         if args.kv_events_config is not None:
             from kvserve.events.engine_events import make_engine_events
 
-            self.kv_events = make_engine_events(self.manager, args.kv_events_config)
+            extra = self.tiers.transfer_metadata() if self.tiers is not None else None
+            self.kv_events = make_engine_events(self.manager, args.kv_events_config, extra)
             if self.kv_events is not None and self.connector is not None:
                 self.kv_events.watch_tiers(self.connector.store)
 
@@ -307,8 +308,10 @@ class LLMEngine:
     def _step(self) -> list[RequestOutput]:
         t0 = time.perf_counter()
         out = self.scheduler.schedule()
-        if not out.chunks:
-            self.grammars.wait(self.scheduler.waiting)  # only compiles left to wait for
+        if not out.chunks:  # only compiles, or blocks from a producer, left to wait for
+            self.grammars.wait(self.scheduler.waiting)
+            if self.connector is not None:
+                self.connector.wait_fetches()
         self.last_step_num_chunks = len(out.chunks)
         self.last_step_num_tokens = sum(c.num_tokens for c in out.chunks)
         tracker = self.tracker

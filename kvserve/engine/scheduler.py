@@ -210,12 +210,14 @@ class Scheduler:
                 deferred.append(waiting.popleft())
                 continue
             local = hit.num_tokens
-            external = 0
+            external = 0  # tokens loaded after every group's local hit (allocate_slots)
             if self.connector is not None and not hit.skip_write_tokens:
-                # After every group's local hit: allocate_slots places these after them.
                 external = self.connector.lookup(
                     rid, len(req.token_ids), manager.block_hashes(rid), local
                 )
+                if external < 0:  # its blocks are on their way from a producer
+                    deferred.append(waiting.popleft())
+                    continue
             computed = local + external
             num_new = self._chunk(req, computed, budget)
             if not manager.allocate_slots(rid, num_new, local, hit, num_external_tokens=external):

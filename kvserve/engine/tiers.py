@@ -55,7 +55,7 @@ class EngineTiers:
         )
         key_bytes = len(block_key(0, HASH_FUNCTIONS[args.hash_fn](b"")))
         transfer = transfer_config(args)
-        remote = remote_tiers(transfer, fingerprint)
+        remote = remote_tiers(transfer, fingerprint, largest)
         store = build_store(args.offload, fingerprint, largest, key_bytes, remote)
         self.transfer = transfer
         self.server = (
@@ -95,6 +95,7 @@ class EngineTiers:
             "blocks_received": got.get("blocks_received", 0),
             "bytes_received": got.get("bytes_received", 0),
             "blocks_rejected": got.get("rejected", 0),
+            "asks": got.get("asks", 0),
             "failed_asks": got.get("failures", 0),
             "seconds": got.get("seconds", 0.0),
         }
@@ -102,6 +103,15 @@ class EngineTiers:
             counts["blocks_served"] = self.server.blocks_served
             counts["bytes_served"] = self.server.bytes_served
         return counts
+
+    def transfer_metadata(self) -> dict[str, Any] | None:
+        """What a router's event mirror needs to predict a consumer's hit (the producers'
+        tiers it reads, kvserve.events.index): where this engine serves, whom it reads."""
+        t = self.transfer
+        if t is None:
+            return None
+        serves = t.endpoint if t.produces else None
+        return {"kv_transfer": {"serves": serves, "reads": list(t.peers) if t.consumes else []}}
 
     def stats(self) -> dict[str, Any]:
         c = self.connector.stats

@@ -25,11 +25,14 @@ from kvserve.kvcache.manager import KVCacheManager
 class EngineKVEvents:
     """The sink attached to `manager`, the lock around steps, and the publisher."""
 
-    def __init__(self, manager: KVCacheManager, config: KVEventsConfig) -> None:
+    def __init__(
+        self, manager: KVCacheManager, config: KVEventsConfig, extra: dict[str, Any] | None = None
+    ) -> None:
         self.manager = manager
         self.config = config
         self.sink = KVEventSink(manager.block_size, int_block_hashes=config.int_block_hashes)
         self.metadata: dict[str, Any] = kv_events_metadata(manager, config.int_block_hashes)
+        self.metadata.update(extra or {})  # the KV transfer's endpoints (kvserve.transfer)
         self.lock = threading.Lock()
         self.publisher = ZmqEventPublisher(
             config, snapshot_fn=self.snapshot, metadata=self.metadata
@@ -68,8 +71,11 @@ class EngineKVEvents:
 
 
 def make_engine_events(
-    manager: KVCacheManager, config: KVEventsConfig | dict[str, Any] | str | None
+    manager: KVCacheManager,
+    config: KVEventsConfig | dict[str, Any] | str | None,
+    extra: dict[str, Any] | None = None,
 ) -> EngineKVEvents | None:
-    """An `EngineKVEvents` when the config enables a ZMQ publisher, else None (no cost)."""
+    """An `EngineKVEvents` when the config enables a ZMQ publisher, else None (no cost);
+    `extra`: more metadata keys."""
     cfg = KVEventsConfig.from_any(config)
-    return EngineKVEvents(manager, cfg) if cfg.active else None
+    return EngineKVEvents(manager, cfg, extra) if cfg.active else None

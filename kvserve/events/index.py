@@ -77,9 +77,8 @@ class EngineView:
     next_gen: int = 1
     batches: int = 0
     tiers: dict[str, set[tuple[int, Any]]] = field(default_factory=dict)
-    """Medium ("CPU", "STORAGE") -> (group, hash) the engine's external tiers hold. They
-    are kept apart: `match` predicts the device pool's hit, which is what a prefix
-    reuse without any load gives."""
+    """Medium ("CPU", "STORAGE") -> (group, hash) the engine's external tiers hold: what
+    it loads after its pool's hit, and what a KV transfer producer serves."""
 
     @classmethod
     def from_metadata(cls, metadata: dict[str, Any]) -> EngineView:
@@ -187,6 +186,29 @@ class EngineView:
         end = candidate * bs
         return num_tokens - 1 if end >= num_tokens else end
 
+    def held_in_tiers(self) -> set[tuple[int, Any]]:
+        return set().union(*self.tiers.values()) if self.tiers else set()
+
+    def tier_run(
+        self, hashes: list[Any], num_tokens: int, local: int, held: set[tuple[int, Any]]
+    ) -> int:
+        """Tokens an engine loads from external tiers after its pool's hit of `local`
+        (kvserve.offload.connector.lookup): hash blocks from there while every attention
+        group's block is `held`, ended where every state group holds a snapshot."""
+        hb = self.metadata["hash_block_size"]
+        if not held or local % hb:
+            return 0
+        start = end = local // hb
+        limit = min((num_tokens - 1) // hb, len(hashes))
+        kinds = [(g["group_idx"], g["kind"] == "mamba") for g in self.metadata["groups"]]
+        attention = [g for g, state in kinds if not state]
+        states = [g for g, state in kinds if state]
+        while end < limit and all((g, hashes[end]) in held for g in attention):
+            end += 1
+        while end > start and not all((g, hashes[end - 1]) in held for g in states):
+            end -= 1
+        return (end - start) * hb
+
     def _state_hit(self, hashes: list[Any], num_tokens: int) -> int:
         """Hash blocks of a state model's hit (StateCoordinator.lookup, between steps).
 
@@ -267,7 +289,9 @@ class PrefixIndex:
     def match(
         self, token_ids: list[int], extra_keys: dict[str, str | None] | None = None
     ) -> dict[Hashable, int]:
-        """Prefix hit tokens each engine would report for this request at admission.
+        """Prefix hit tokens each engine would report for this request at admission: its
+        pool's hit, then what it would load from its tiers and its producers' (a KV
+        transfer consumer reads the tiers of the engines whose `serves` it `reads`).
 
         `extra_keys`: {"lora_name": ..., "cache_salt": ...} as the request carries them.
         """
@@ -288,5 +312,29 @@ class PrefixIndex:
                 raw: list[bytes] = []
                 hasher.extend(raw, token_ids, keys)
                 hashes = hashes_by_recipe[recipe] = [wire_hash(h, view.int_hashes) for h in raw]
-            result[engine] = view.hit_tokens(hashes, len(token_ids))
+            local = view.hit_tokens(hashes, len(token_ids))
+            held = view.held_in_tiers()
+            for producer in self._producers(view):
+                held |= producer.held_in_tiers()
+            result[engine] = local + view.tier_run(hashes, len(token_ids), local, held)
         return result
+
+    def _producers(self, view: EngineView) -> list[EngineView]:
+        """The engines whose tiers `view`'s engine pulls from (kvserve.transfer)."""
+        reads = (view.metadata.get("kv_transfer") or {}).get("reads") or []
+        if not reads:
+            return []
+        out = []
+        for other in self.engines.values():
+            serves = (other.metadata.get("kv_transfer") or {}).get("serves")
+            if other is not view and serves and any(_same_endpoint(serves, r) for r in reads):
+                out.append(other)
+        return out
+
+
+def _same_endpoint(serves: str, peer: str) -> bool:
+    """A producer bound to every address (0.0.0.0, *) is any host's at its port."""
+    host, _, port = serves.removeprefix("tcp://").rpartition(":")
+    if host in ("0.0.0.0", "*", "[::]"):
+        return peer.rpartition(":")[2] == port
+    return serves == peer

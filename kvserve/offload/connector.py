@@ -10,6 +10,11 @@ step computed, after it. Keys are (group, block hash): block hashes are
 deterministic across processes, so a restarted engine or another process
 with the same model and directory finds what this one saved.
 
+`lookup` asks the tiers about a request's whole run of blocks at once
+(`contains_many`, then `get_many`): a producer's tier over the network
+(kvserve.transfer) answers each in one round trip, not one per block, and a
+block that is missing or fails its check ends the hit just before it.
+
 The payloads a hit needs are read during `lookup` and kept until the
 request is allocated, so a file that another process evicts (or that turns
 out corrupt) in between costs a miss, never a load of missing data.
@@ -24,6 +29,7 @@ from typing import Any, Protocol
 
 from kvserve.kvcache.plan import StatePlan, StepPlan
 from kvserve.kvcache.specs import KVCacheSpec
+from kvserve.offload.fetch import PENDING, Fetches
 from kvserve.offload.store import TierStack
 
 
@@ -103,6 +109,9 @@ class OffloadConnector:
         self._staged: dict[str, _Staged] = {}
         self._loads: list[_Load] = []
         self._saved: dict[str, _Saved] = {}
+        remote = any(getattr(t, "read_only", False) for t in store.tiers)
+        self.fetches = Fetches() if remote else None
+        """Lookups that ask a producer run off the engine thread (fetch.py)."""
 
     # -- scheduler side -----------------------------------------------------------
 
@@ -113,50 +122,90 @@ class OffloadConnector:
         block_hashes: Sequence[bytes],
         num_local_hit_tokens: int,
     ) -> int:
-        """External hit tokens after the local hit (a multiple of the hash block)."""
+        """External hit tokens after the local hit (a multiple of the hash block); -1
+        while a producer's answer is on its way (fetch.py: the request waits a step)."""
         hb = self.hash_block_size
         self._staged.pop(request_id, None)
         if num_local_hit_tokens % hb:
             return 0
         start = num_local_hit_tokens // hb
+        if self.fetches is None:  # the tiers answer at once
+            staged = self._find(num_tokens, block_hashes, start)
+        else:
+            hashes = list(block_hashes)
+            answer = self.fetches.result(request_id, lambda: self._find(num_tokens, hashes, start))
+            if answer is PENDING:
+                return -1
+            staged = _from(answer, start)  # the local hit may have grown meanwhile
+        if staged is None:
+            return 0
+        self._staged[request_id] = staged
+        return (staged.end - staged.start) * hb
+
+    def wait_fetches(self, timeout: float = 0.05) -> None:
+        """An engine with nothing to run waits here for a producer's answer."""
+        if self.fetches is not None:
+            self.fetches.wait(timeout)
+
+    def _find(self, num_tokens: int, block_hashes: Sequence[bytes], start: int) -> _Staged | None:
+        """The longest run from hash block `start` that the tiers hold, read (thread-safe:
+        it only asks the tiers)."""
+        hb = self.hash_block_size
         limit = min((num_tokens - 1) // hb, len(block_hashes))
-        contains = self.store.contains
-        hashes = block_hashes
+        if limit <= start:
+            return None
+        # The whole run at once: a tier over the network answers it in one round trip.
+        run = range(start, limit)
+        keys = [block_key(g.group_id, block_hashes[i]) for i in run for g in self.attention]
+        keys += [block_key(g.group_id, block_hashes[i]) for i in run for g in self.states]
+        held = dict(zip(keys, self.store.contains_many(keys), strict=True))
         end = start
         while end < limit and all(
-            contains(block_key(g.group_id, hashes[end])) for g in self.attention
+            held[block_key(g.group_id, block_hashes[end])] for g in self.attention
         ):
             end += 1
+        fetched: dict[bytes, bytes | None] = {}
         while end > start:
-            if self.states:
-                while end > start and not all(
-                    contains(block_key(g.group_id, hashes[end - 1])) for g in self.states
-                ):
-                    end -= 1
-                if end == start:
-                    return 0
-            staged = self._read(hashes, start, end)
+            while end > start and not all(
+                held[block_key(g.group_id, block_hashes[end - 1])] for g in self.states
+            ):
+                end -= 1
+            if end == start:
+                return None
+            want = self._keys(block_hashes, start, end)
+            new = [k for k in want if k not in fetched]
+            fetched.update(zip(new, self.store.get_many(new), strict=True))
+            staged = self._stage(block_hashes, start, end, fetched)
             if isinstance(staged, _Staged):
-                self._staged[request_id] = staged
-                return (end - start) * hb
-            end = staged  # a payload went missing: try shorter
-        return 0
+                return staged
+            end = staged  # a payload went missing or failed its check: the run before it
+            for k, data in fetched.items():
+                held[k] = held[k] and data is not None
+        return None
 
-    def _read(self, hashes: Sequence[bytes], start: int, end: int) -> _Staged | int:
-        """All payloads of [start, end), or the shorter end to retry with."""
-        get = self.store.get
+    def _keys(self, hashes: Sequence[bytes], start: int, end: int) -> list[bytes]:
+        """What a hit of hash blocks [start, end) loads: every attention block, and each
+        state group's snapshot where it ends."""
+        keys = [block_key(g.group_id, hashes[i]) for i in range(start, end) for g in self.attention]
+        return keys + [block_key(g.group_id, hashes[end - 1]) for g in self.states]
+
+    def _stage(
+        self, hashes: Sequence[bytes], start: int, end: int, fetched: dict[bytes, bytes | None]
+    ) -> _Staged | int:
+        """All payloads of [start, end), or the shorter end to retry with (the first block
+        that is missing: what follows it cannot be used without it)."""
         blocks = []
         for i in range(start, end):
             row = []
             for g in self.attention:
-                data = get(block_key(g.group_id, hashes[i]))
+                data = fetched[block_key(g.group_id, hashes[i])]
                 if data is None:
                     return i
                 row.append(data)
             blocks.append(row)
         states = []
         for g in self.states:
-            data = get(block_key(g.group_id, hashes[end - 1]))
+            data = fetched[block_key(g.group_id, hashes[end - 1])]
             if data is None:
                 return end - 1
             states.append(data)
@@ -192,6 +241,8 @@ class OffloadConnector:
     def request_finished(self, request_id: str) -> None:
         self._staged.pop(request_id, None)
         self._saved.pop(request_id, None)
+        if self.fetches is not None:
+            self.fetches.forget(request_id)
 
     # -- worker side --------------------------------------------------------------
 
@@ -216,7 +267,7 @@ class OffloadConnector:
         the tiers' events describe the stored blocks with it).
         """
         full = plan.num_cacheable_blocks
-        if not full:
+        if not full or not self.store.writable:
             return
         t0 = time.perf_counter()
         hb = self.hash_block_size
@@ -224,7 +275,10 @@ class OffloadConnector:
         start = plan.start
         saved = self._saved.setdefault(plan.request_id, _Saved())
         first = max(saved.num_blocks, start // hb)
-        contains = self.store.contains
+
+        def contains(key: bytes) -> bool:  # what this engine's own tiers hold, not a peer's
+            return self.store.contains(key, remote=False)
+
         for i in range(first, full):
             for g in self.attention:
                 key = block_key(g.group_id, hashes[i])
@@ -249,4 +303,15 @@ class OffloadConnector:
 
     def close(self) -> None:
         """Finish pending writes."""
+        if self.fetches is not None:
+            self.fetches.close()
         self.store.close()
+
+
+def _from(staged: _Staged | None, start: int) -> _Staged | None:
+    """The part of a run found earlier that follows a local hit ending at `start`."""
+    if staged is None or not staged.start <= start < staged.end:
+        return None
+    if start == staged.start:
+        return staged
+    return _Staged(start, staged.end, staged.blocks[start - staged.start :], staged.states)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from kvserve.offload.disk_tier import DiskTier
@@ -62,8 +63,18 @@ class TierStack:
             )
             self._writer.start()
 
-    def contains(self, key: bytes) -> bool:
-        return any(tier.contains(key) for tier in self.tiers)
+    def contains(self, key: bytes, remote: bool = True) -> bool:
+        """Whether a tier holds `key` (`remote` False: this engine's own tiers only)."""
+        return any(
+            tier.contains(key)
+            for tier in self.tiers
+            if remote or not getattr(tier, "read_only", False)
+        )
+
+    @property
+    def writable(self) -> bool:
+        """Whether a put can land anywhere (a consumer may have only a producer's tier)."""
+        return bool(self._now or self._later)
 
     def get(self, key: bytes) -> bytes | None:
         for tier in self.tiers:
@@ -71,6 +82,33 @@ class TierStack:
             if data is not None:
                 return data
         return None
+
+    def contains_many(self, keys: Sequence[bytes], remote: bool = True) -> list[bool]:
+        """`contains` of each key; a tier that can answer a batch at once (a producer's,
+        over the network: one round trip) is asked once for the keys still missing.
+        `remote` False: this engine's own tiers only (what a producer serves)."""
+        return self._many("contains", keys, remote, False)
+
+    def get_many(self, keys: Sequence[bytes], remote: bool = True) -> list[bytes | None]:
+        """`get` of each key, each tier asked once for the keys still missing."""
+        return self._many("get", keys, remote, None)
+
+    def _many(self, op: str, keys: Sequence[bytes], remote: bool, miss: Any) -> list[Any]:
+        out = [miss] * len(keys)
+        missing = list(range(len(keys)))
+        for tier in self.tiers:
+            if not missing:
+                break
+            if getattr(tier, "read_only", False) and not remote:
+                continue
+            batch = getattr(tier, f"{op}_many", None)
+            one = getattr(tier, op)
+            asked = [keys[i] for i in missing]
+            found = batch(asked) if batch is not None else [one(k) for k in asked]
+            for i, value in zip(missing, found, strict=True):
+                out[i] = value
+            missing = [i for i in missing if out[i] in (None, False)]
+        return out
 
     def put(self, key: bytes, data: bytes, seq: Any = None, index: int = -1) -> None:
         """Store in the memory tiers now and in the others from the background thread."""

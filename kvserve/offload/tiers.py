@@ -3,7 +3,9 @@
 A tier is a byte store keyed by short opaque keys (the connector uses group id + block
 hash). Tiers know nothing about tensors or the engine: bytes in, bytes out. Every method is
 thread-safe, because the connector stores from a background thread while the engine thread
-looks blocks up.
+looks blocks up. A tier may also answer a batch (`contains_many`, `get_many`: a list in
+the keys' order); TierStack uses them where present (a producer's tier over the network
+answers a request's whole run in one round trip) and asks key by key otherwise.
 """
 
 from __future__ import annotations

@@ -209,4 +209,5 @@ async def _predict(state: RouterState, endpoint: Endpoint, body: Any, size: int)
     if endpoint == "embeddings":
         shared = [hits.get(r.index) if r.shares_embedding_prompts else 0 for r in state.replicas]
         return Prediction(num_tokens, shared, checked=False)
-    return Prediction(num_tokens, [hits.get(r.index) if r.caching else 0 for r in state.replicas])
+    hit = [hits.get(r.index) if r.caching else 0 for r in state.replicas]
+    return Prediction(num_tokens, hit, prompts=prompts, extra=extra)

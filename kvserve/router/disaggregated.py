@@ -8,12 +8,16 @@ then goes, unchanged, to a decode engine (forward.py, which never picks a prefil
 engine): the blocks its own cache lacks it pulls from the producer, and it answers the
 client, streaming or not. Whatever goes wrong with the prefill (an engine down, a 4xx or
 5xx, a timeout) only costs the decode engine the prompt's computation: the answer is
-the same. The decode engine's reported cached tokens include the blocks it pulled, so
-its hit is not compared with the prediction.
+the same. The decode engine's reported cached tokens include the blocks it pulls: once
+the prefill has answered, the prompts are matched again over the events (the prefill
+engine's CPU tier now holds their blocks, and the event mirror counts what a decode
+engine would pull from its producers: kvserve.events.index), so that prediction is
+checked exactly like any other; after a failed prefill it is not checked.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -25,6 +29,8 @@ from kvserve.router.state import RouterState
 
 log = logging.getLogger("kvserve.router")
 
+TIMEOUT = 10.0
+"""Seconds the events may take to show the prefill (as app.py's prediction)."""
 PREFILL_ONLY = {"max_tokens": 1, "max_completion_tokens": 1, "stream": False, "n": 1}
 DROPPED = ("stream_options", "logprobs", "top_logprobs", "best_of", "min_tokens")
 
@@ -72,6 +78,7 @@ async def prefill_first(
     headers = {k: v for k, v in request.headers.items() if k.lower() not in NOT_SENT}
     replica.running += 1
     state.metrics.requests.labels(replica.url).inc()
+    prediction.checked = False  # until matched again after a prefill that answered
     try:
         answer = await state.http().post(f"{replica.url}{path}", json=copy, headers=headers)
         if answer.status_code != 200:
@@ -80,6 +87,23 @@ async def prefill_first(
     except httpx.HTTPError as exc:
         log.warning("prefill on %s failed (%s): the decode engine computes the prompt",
                     replica.url, type(exc).__name__)  # fmt: skip
+        return
     finally:
         replica.running -= 1
-    prediction.checked = False  # the decode engine's cached tokens include what it pulled
+    if answer.status_code == 200:
+        await _match_again(state, prediction)
+
+
+async def _match_again(state: RouterState, prediction: Prediction) -> None:
+    """Each replica's hit once the events of the prefill (its blocks stored) are in."""
+    if prediction.prompts is None:
+        return
+    try:
+        synced = await asyncio.wait_for(asyncio.wrap_future(state.follower.sync()), TIMEOUT)
+        hits = await asyncio.wait_for(
+            asyncio.wrap_future(state.follower.predict(prediction.prompts, prediction.extra,
+                                                       synced)), TIMEOUT)  # fmt: skip
+    except TimeoutError:
+        return
+    prediction.hits = [hits.get(r.index) if r.caching else 0 for r in state.replicas]
+    prediction.checked = True

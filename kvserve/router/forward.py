@@ -71,6 +71,10 @@ class Prediction:
     hits: list[int | None] = field(default_factory=list)
     checked: bool = True
     """Compare the answer's cached tokens with the hit (False: not a generation request)."""
+    prompts: list[list[int]] | None = None
+    """The prompts' token ids, matched again once a prefill engine has run them."""
+    extra: Any = None
+    """Their extra keys (LoRA, cache salt), as matched."""
 
     def hit(self, replica: int) -> int:
         return (self.hits[replica] if replica < len(self.hits) else None) or 0

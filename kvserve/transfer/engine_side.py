@@ -30,13 +30,16 @@ def transfer_config(args: Any) -> KVTransferConfig | None:
     return config
 
 
-def remote_tiers(config: KVTransferConfig | None, fingerprint: bytes) -> list[Tier]:
-    """A consumer's producers, as one read-only tier after its own."""
+def remote_tiers(
+    config: KVTransferConfig | None, fingerprint: bytes, largest_payload: int
+) -> list[Tier]:
+    """A consumer's producers, as one read-only tier after its own; `largest_payload`: the
+    largest block it stores (a larger frame from a producer is refused unread)."""
     if config is None or not config.consumes:
         return []
     from kvserve.transfer.producers import Producers
 
-    return [Producers(config.peers, fingerprint, config.timeout_s)]
+    return [Producers(config.peers, fingerprint, config.timeout_s, largest_payload)]
 
 
 def serve_blocks(store: TierStack, fingerprint: bytes, config: KVTransferConfig) -> BlockServer:

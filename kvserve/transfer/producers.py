@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 
 from kvserve.transfer.remote_tier import RemoteTier
 
@@ -23,7 +24,7 @@ MAX_TOLD = 64
 """Producers told of at run time kept at once (the least recently told go first)."""
 TOLD_SECONDS = 60.0
 """How long a producer told of is asked after it was last told of."""
-COUNTERS = ("blocks_received", "bytes_received", "rejected", "failures", "seconds")
+COUNTERS = ("blocks_received", "bytes_received", "rejected", "asks", "failures", "seconds")
 
 
 class Producers:
@@ -35,10 +36,14 @@ class Producers:
     capacity = 0
     used_bytes = 0
 
-    def __init__(self, peers: tuple[str, ...], fingerprint: bytes, timeout_s: float) -> None:
+    def __init__(
+        self, peers: tuple[str, ...], fingerprint: bytes, timeout_s: float, largest_payload: int
+    ) -> None:
         self.fingerprint = fingerprint
         self.timeout_s = timeout_s
-        self._fixed = [RemoteTier(p, fingerprint, timeout_s) for p in peers]
+        self.largest_payload = largest_payload
+        """The largest block the consumer stores: a producer's larger frame is refused."""
+        self._fixed = [self._tier(p) for p in peers]
         self._told: OrderedDict[str, RemoteTier] = OrderedDict()
         """Least recently told first."""
         self._told_at: dict[str, float] = {}
@@ -55,12 +60,21 @@ class Producers:
             if any(t.endpoint == endpoint for t in self._fixed):
                 return
             tier = self._told.pop(endpoint, None)
-            tier = tier or RemoteTier(endpoint, self.fingerprint, self.timeout_s)
+            tier = tier or self._tier(endpoint)
             self._told[endpoint] = tier
             self._told_at[endpoint] = time.monotonic()
             self._last = tier  # the coming request's blocks are there
             while len(self._told) > MAX_TOLD:
                 self._drop(next(iter(self._told)))
+
+    def _tier(self, endpoint: str) -> RemoteTier:
+        return RemoteTier(endpoint, self.fingerprint, self.timeout_s, self.largest_payload)
+
+    @property
+    def tiers(self) -> list[RemoteTier]:
+        """The producers asked now, each with its own counters."""
+        with self._lock:
+            return [*self._fixed, *self._told.values()]
 
     @property
     def endpoints(self) -> list[str]:
@@ -101,22 +115,32 @@ class Producers:
         return 0
 
     def contains(self, key: bytes) -> bool:
-        for tier in self._order():
-            failures = tier.failures
-            found = tier.contains(key)
-            self._asked(tier, failures, found)
-            if found:
-                return True
-        return False
+        return self.contains_many([key])[0]
 
     def get(self, key: bytes) -> bytes | None:
+        return self.get_many([key])[0]
+
+    def contains_many(self, keys: Sequence[bytes]) -> list[bool]:
+        return [bool(x) for x in self._many("contains_many", keys)]
+
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        """Each key's verified payload or None; each producer asked once (in batches: one
+        round trip each) for the keys the ones before it lacked."""
+        return [x if isinstance(x, bytes) else None for x in self._many("get_many", keys)]
+
+    def _many(self, op: str, keys: Sequence[bytes]) -> list[bytes | bool | None]:
+        out: list[bytes | bool | None] = [None] * len(keys)
+        missing = list(range(len(keys)))
         for tier in self._order():
+            if not missing:
+                break
             failures = tier.failures
-            data = tier.get(key)
-            self._asked(tier, failures, data is not None)
-            if data is not None:
-                return data
-        return None
+            found = getattr(tier, op)([keys[i] for i in missing])
+            for i, value in zip(missing, found, strict=True):
+                out[i] = value
+            self._asked(tier, failures, any(found))
+            missing = [i for i in missing if not out[i]]
+        return out
 
     def put(self, key: bytes, payload: bytes) -> list[bytes]:
         return []  # the producers' tiers are their own

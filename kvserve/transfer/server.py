@@ -1,10 +1,12 @@
 """The producer's side: its tiers' blocks served to consumers over ZMQ.
 
 One thread, one ROUTER socket, no authentication: bind it (`kv_ip`) to a private
-network only. A request names the fingerprint the consumer's
-blocks are keyed under (model, dtype, layout, block size, hashing: the tiers' own)
-and the keys it wants; the answer is each payload (or nothing) with its xxh64, so
-the consumer can tell a block that arrived whole from one that did not. A
+network only. A request names the fingerprint the consumer's blocks are keyed under
+(model, dtype, layout, block size, hashing: the tiers' own) and the keys it wants, as
+many as a request's prompt needs (up to MAX_KEYS): one round trip per request, not one
+per block. The answer is a header frame (per key: the payload's xxh3_64, or None for a
+block not held) and then one frame per block held, sent without a copy out of the CPU
+tier, so the consumer can tell a block that arrived whole from one that did not. A
 consumer whose fingerprint differs gets nothing: its blocks would not fit.
 """
 
@@ -25,7 +27,7 @@ log = logging.getLogger("kvserve.transfer")
 MAX_REQUEST_BYTES = 1 << 20
 """A larger request is dropped by ZMQ itself (its peer's connection closed)."""
 MAX_KEYS = 1024
-"""Keys one request may ask for (a consumer asks for one)."""
+"""Keys one request may ask for (a consumer splits a longer run into several asks)."""
 
 
 class BlockServer:
@@ -62,30 +64,35 @@ class BlockServer:
             peer, body = frames[0], frames[-1]
             try:
                 reply = self._answer(body)
-            except Exception as exc:  # a malformed request: an empty answer, never a crash
+            except Exception as exc:  # a malformed request: an error answer, never a crash
                 log.warning("KV transfer: a malformed request (%s)", exc)
-                reply = msgspec.msgpack.encode(["error", str(exc)[:200]])
-            self.socket.send_multipart([peer, b"", reply])
+                reply = [msgspec.msgpack.encode(["error", str(exc)[:200]])]
+            self.socket.send_multipart([peer, b"", *reply], copy=False)
         self.socket.close()
 
-    def _answer(self, body: bytes) -> bytes:
+    def _answer(self, body: bytes) -> list[bytes]:
         op, fingerprint, keys = msgspec.msgpack.decode(body)
         if not isinstance(keys, list) or len(keys) > MAX_KEYS:
             raise ValueError(f"keys must be a list of at most {MAX_KEYS}")
+        if not all(isinstance(k, bytes) for k in keys):
+            raise ValueError("keys must be bytes")
         if fingerprint != self.fingerprint:
-            return msgspec.msgpack.encode(["fingerprint", None])
+            return [msgspec.msgpack.encode(["fingerprint", None])]
         if op == "contains":
-            return msgspec.msgpack.encode(["ok", [self.store.contains(k) for k in keys]])
+            return [msgspec.msgpack.encode(["ok", self.store.contains_many(keys, remote=False)])]
         if op != "get":
             raise ValueError(f"unknown op {op!r}")
-        payloads = []
-        for key in keys:
-            data = self.store.get(key)
-            if data is not None:
-                self.blocks_served += 1
-                self.bytes_served += len(data)
-            payloads.append(None if data is None else (data, xxhash.xxh64_intdigest(data)))
-        return msgspec.msgpack.encode(["ok", payloads])
+        checksums: list[int | None] = []
+        payloads: list[bytes] = []
+        for data in self.store.get_many(keys, remote=False):
+            if data is None:
+                checksums.append(None)
+                continue
+            checksums.append(xxhash.xxh3_64_intdigest(data))
+            payloads.append(data)
+            self.blocks_served += 1
+            self.bytes_served += len(data)
+        return [msgspec.msgpack.encode(["ok", checksums]), *payloads]
 
     def close(self) -> None:
         self._stop.set()

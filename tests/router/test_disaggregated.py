@@ -1,7 +1,8 @@
 """`kvserve route --prefill URL --decode URL`: each request's prompt runs on the prefill
 engine, its blocks travel to the decode engine (kvserve.transfer), which answers: the same
 greedy text as one engine alone, streamed or not, the decode engine's prompt mostly pulled
-rather than computed; a prefill engine gone costs only the recomputation."""
+rather than computed, and the router's event mirror predicts its cached tokens exactly; a
+prefill engine gone costs only the recomputation."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import httpx
 import pytest
 
 from tests._ports import free_port
-from tests.router.conftest import start_replica, stop_all
+from tests.router.conftest import router_total, router_value, start_replica, stop_all
 from tests.serve.conftest import metric, scrape, start_command, wait_healthy
 
 pytestmark = pytest.mark.slow
@@ -72,6 +73,10 @@ def test_a_split_request_answers_as_one_engine(split):
     served = metric(scrape(prefill), "kvserve:kv_transfer_blocks_served_total")
     assert served >= received > 0
     assert metric(scrape(decode), "kvserve:kv_transfer_blocks_rejected_total") == 0
+    # The event mirror predicted the decode engine's cached tokens, pulled blocks included.
+    # (The stream asked for no usage: its cached tokens are not reported, not checked.)
+    assert router_value(router, "prediction_exact_total", decode) == 1
+    assert router_total(router, "prediction_wrong_total") == 0
 
 
 def test_a_prefill_engine_gone_costs_only_the_recomputation(split):

@@ -1,8 +1,8 @@
 """Prefill on one engine, decode on another (kvserve.transfer): the producer computes the
 prompts, the consumer pulls their blocks over ZMQ on loopback and decodes; its greedy
 tokens equal transformers' (and a lone engine's) for full attention (Llama), sliding
-windows beside full attention (Gemma 3) and a Mamba2 hybrid (Bamba). A producer gone, or
-a block that fails its checksum, is recomputed: the same tokens, never wrong ones."""
+windows beside full attention (Gemma 3) and a Mamba2 hybrid (Bamba). A producer gone is
+recomputed: the same tokens, never wrong ones (test_transfer_faults.py: the other faults)."""
 
 from __future__ import annotations
 
@@ -67,28 +67,29 @@ def test_a_producer_gone_is_recomputed(checkpoints, tmp_path):
         consumer.shutdown()
 
 
-class _Corrupting:
-    """The consumer's checksum of every payload: never the producer's (bytes changed
-    on the way)."""
-
-    @staticmethod
-    def xxh64_intdigest(data: bytes) -> int:
-        return -1
-
-
-def test_a_block_that_fails_its_checksum_is_recomputed(checkpoints, tmp_path, monkeypatch):
-    from kvserve.transfer import remote_tier
-
+def test_two_engines_that_both_produce_and_consume_serve_only_their_own_blocks(checkpoints):
+    """kv_both, each the other's peer: a producer answers from its own tiers, never by
+    asking its peers in turn (two servers waiting on each other until both time out)."""
     ck = checkpoints["llama"]
-    producer, consumer = engines(ck, tmp_path)
-    prefill(producer)
-    monkeypatch.setattr(remote_tier, "xxhash", _Corrupting)
+    ports = free_port(), free_port()
+    both = [
+        LLM(ck.path, block_size=4, dtype="float32", num_threads=1, num_kv_blocks=96,
+            offload="cpu:64MiB", kv_transfer_config={
+                "kv_role": "kv_both", "kv_port": ports[i],
+                "kv_connector_extra_config": {"peers": [f"tcp://127.0.0.1:{ports[1 - i]}"],
+                                              "timeout_s": 1}})
+        for i in range(2)
+    ]  # fmt: skip
+    a, b = both
     try:
-        assert decode(consumer) == [ck.reference(p, NEW) for p in PROMPTS]
-        assert consumer.stats()["external_hit_tokens"] == 0
+        prefill(a)
+        assert decode(b) == [ck.reference(p, NEW) for p in PROMPTS]
+        assert b.stats()["external_hit_tokens"] > 0
+        stats = [e.engine.tiers.transfer_stats() for e in both]
+        assert [s["failed_asks"] for s in stats] == [0, 0]
     finally:
-        consumer.shutdown()
-        producer.shutdown()
+        b.shutdown()
+        a.shutdown()
 
 
 def test_a_consumer_told_of_its_producers_while_it_runs(checkpoints, tmp_path):

@@ -77,9 +77,10 @@ def test_the_block_server_answers_hostile_requests_and_goes_on(tmp_path):
             assert msgspec.msgpack.decode(sock.recv())[0] == "error"
         sock.send(msgspec.msgpack.encode(["get", b"other", [b"k"]]))
         assert msgspec.msgpack.decode(sock.recv()) == ["fingerprint", None]
-        sock.send(msgspec.msgpack.encode(["get", b"fp", [b"k"]]))
-        status, payloads = msgspec.msgpack.decode(sock.recv())
-        assert status == "ok" and payloads[0][0] == b"payload"
+        sock.send(msgspec.msgpack.encode(["get", b"fp", [b"k", b"absent", b"k"]]))
+        head, *frames = sock.recv_multipart()
+        status, checksums = msgspec.msgpack.decode(head)
+        assert status == "ok" and checksums[1] is None and frames == [b"payload"] * 2
     finally:
         sock.close()
         server.close()

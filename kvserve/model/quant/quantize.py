@@ -2,7 +2,7 @@
 
 Modes (`EngineArgs.quantization`):
 
-- none: every weight in the engine's dtype (the default; float32 with `exact` is transformers' bits);
+- none: every weight in the engine's dtype (the default; float32 with `exact`: transformers' bits);
 - int8: per-output-channel symmetric int8 (`Int8Linear`);
 - int4: group-wise int4, groups of 32 input columns (`Int4Linear`); the
   lm_head, and a layer whose shape the int4 kernel cannot run, get int8 (a

@@ -95,6 +95,8 @@ TRANSFER_SERIES = {
     "blocks_received": "KV blocks a decode engine pulled from its producers.",
     "bytes_received": "Bytes of the KV blocks pulled from the producers.",
     "blocks_rejected": "Pulled KV blocks that failed their checksum (recomputed).",
+    "asks": "Answered asks to the producers (a request's run of blocks: one, or one per "
+    "1,024 blocks).",
     "failed_asks": "Asks to a producer that failed (gone, slow, another model): recomputed.",
     "seconds": "Time spent asking the producers.",
     "blocks_served": "KV blocks this prefill engine served to its consumers.",
