@@ -20,8 +20,9 @@ import torch
 from torch import nn
 
 from kvserve.batch import SeqChunk
-from kvserve.lora.layers import LoRABatch, attach_lora
+from kvserve.lora.layers import LoRABatch
 from kvserve.lora.request import Adapter
+from kvserve.lora.targets import attach_lora
 from kvserve.lora.weights import LoadedAdapter, load_adapter_weights
 from kvserve.model.checkpoint.config import ModelConfig
 
@@ -41,7 +42,10 @@ class LoRASlots:
         device: torch.device,
     ) -> None:
         self.batch = LoRABatch()
-        self.projections = attach_lora(model, config, self.batch)
+        self.targets = attach_lora(model, config, self.batch)
+        self.projections = self.targets.projections
+        self._wrappers = list({id(p): p for p in self.projections.values()}.values())
+        self._experts = any(p.expert for p in self._wrappers)
         if not self.projections:
             raise ValueError(f"LoRA: no projection of {config.architecture} can be adapted")
         self.max_loras = max_loras
@@ -90,6 +94,12 @@ class LoRASlots:
             else:
                 active.append((slot, torch.tensor(mine, dtype=torch.long, device=self.device)))
         self.batch.active = active
+        self.batch.row_slots = None
+        if self._experts and active:  # an expert sees some rows, in its own order
+            row_slots = torch.full((start,), -1, dtype=torch.long, device=self.device)
+            for slot, these in active:
+                row_slots[slice(None) if these is None else these] = slot
+            self.batch.row_slots = row_slots
 
     def _slot(self, adapter: Adapter, in_step: set[str]) -> int:
         key = adapter.identity
@@ -105,12 +115,10 @@ class LoRASlots:
             if victim is None:  # the scheduler admits at most max_loras adapters
                 raise RuntimeError(f"a step with more than max_loras ({self.max_loras}) adapters")
             slot = self._resident.pop(victim)
-        for projection in set(self.projections.values()):
+        for projection in self._wrappers:
             projection.clear(slot)
-        for (layer, module), (lora_a, lora_b) in self._weights(adapter).items():
-            self.projections[(layer, module)].set_update(
-                slot, module, lora_a, lora_b, adapter.scaling
-            )
+        for u in self._weights(adapter):
+            u.projection.set_update(slot, u.part, u.lora_a, u.lora_b, u.scaling)
         self._resident[key] = slot
         log.info("LoRA adapter %s (%s) in slot %d", adapter.name, adapter.identity[:24], slot)
         return slot
@@ -120,7 +128,7 @@ class LoRASlots:
         if key in self._loaded:
             self._loaded.move_to_end(key)
             return self._loaded[key]
-        weights = load_adapter_weights(adapter, self.projections, self.dtype, self.device)
+        weights = load_adapter_weights(adapter, self.targets, self.dtype, self.device)
         self._loaded[key] = weights
         while len(self._loaded) > self.max_cpu_loras:
             old = next(iter(self._loaded))

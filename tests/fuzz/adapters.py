@@ -25,24 +25,27 @@ def write_adapters(llm: LLM, root: Path, count: int = 2) -> list[str]:
     """`count` random adapters for `llm`'s model under `root`; their directories."""
     slots = llm.engine.runner.lora
     assert slots is not None, "the engine needs enable_lora"
-    chosen = {key: p for key, p in slots.projections.items() if key[1] in TARGETS}
-    if any(module == "qkv_proj" for _, module in chosen):  # fused: adapt it whole
-        chosen = {k: p for k, p in chosen.items() if k[1] in ("qkv_proj", "o_proj")}
+    chosen = {
+        key: p
+        for key, p in slots.projections.items()
+        if key[1].startswith("self_attn.") and key[1].split(".")[-1] in TARGETS
+    }
+    if any(path.endswith("qkv_proj") for _, path in chosen):  # fused: adapt it whole
+        chosen = {k: p for k, p in chosen.items() if k[1].endswith(("qkv_proj", "o_proj"))}
     paths = []
     for n in range(count):
         generator = torch.Generator().manual_seed(1000 + n)
         tensors = {}
-        for (layer, module), projection in sorted(chosen.items()):
-            _, width = projection.part_offsets[module]
+        for (layer, where), projection in sorted(chosen.items()):
+            _, width = projection.part_offsets[where.split(".")[-1]]
             fan_in = in_features(projection)
-            owner = "mlp" if module in ("gate_proj", "up_proj", "down_proj") else "self_attn"
-            key = f"base_model.model.model.layers.{layer}.{owner}.{module}"
+            key = f"base_model.model.model.layers.{layer}.{where}"
             tensors[f"{key}.lora_A.weight"] = torch.randn(RANK, fan_in, generator=generator) * 0.3
             tensors[f"{key}.lora_B.weight"] = torch.randn(width, RANK, generator=generator) * 0.3
         path = root / f"adapter-{n}"
         path.mkdir(parents=True, exist_ok=True)
         save_file(tensors, path / "adapter_model.safetensors")
-        targets = sorted({module for _, module in chosen})
+        targets = sorted({where.split(".")[-1] for _, where in chosen})
         config = {"peft_type": "LORA", "r": RANK, "lora_alpha": 2 * RANK, "bias": "none",
                   "target_modules": targets}  # fmt: skip
         (path / "adapter_config.json").write_text(json.dumps(config))
