@@ -183,11 +183,11 @@ def _adapter(name: str, path: Path, config: dict[str, Any], max_rank: int, where
         raise ValueError(f"{where}: target_parameters must be a list, got {parameters!r}")
     if not targets and not parameters:
         raise ValueError(f"{where}: target_modules must be a non-empty list")
-    for name in targets:
-        leaf = name.rsplit(".", 1)[-1]
+    for target in targets:
+        leaf = target.rsplit(".", 1)[-1]
         if leaf in REFUSED_TARGETS:
             raise ValueError(
-                f"{where}: target module {name}: {REFUSED_TARGETS[leaf]} is not supported"
+                f"{where}: target module {target}: {REFUSED_TARGETS[leaf]} is not supported"
             )
     unknown = sorted(t for t in targets if t.rsplit(".", 1)[-1] not in SUPPORTED_TARGETS)
     if unknown:
@@ -195,15 +195,15 @@ def _adapter(name: str, path: Path, config: dict[str, Any], max_rank: int, where
             f"{where}: target module(s) {', '.join(unknown)} not supported (supported: "
             f"{', '.join(SUPPORTED_TARGETS)})"
         )
-    for name in parameters:
-        leaf = name.removesuffix(".weight").rsplit(".", 1)[-1]
+    for target in parameters:
+        leaf = target.removesuffix(".weight").rsplit(".", 1)[-1]
         if leaf in REFUSED_TARGETS:
             raise ValueError(
-                f"{where}: target parameter {name}: {REFUSED_TARGETS[leaf]} is not supported"
+                f"{where}: target parameter {target}: {REFUSED_TARGETS[leaf]} is not supported"
             )
-        if leaf not in SUPPORTED_PARAMETERS or name.endswith(".weight"):
+        if leaf not in SUPPORTED_PARAMETERS or target.endswith(".weight"):
             raise ValueError(
-                f"{where}: target parameter {name} not supported (supported: the experts' "
+                f"{where}: target parameter {target} not supported (supported: the experts' "
                 f"fused {' and '.join(SUPPORTED_PARAMETERS)})"
             )
     # What the computation reads (not the base model's path or PEFT's version), then

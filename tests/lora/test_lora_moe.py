@@ -7,13 +7,17 @@ What cannot be adapted is refused by name."""
 
 from __future__ import annotations
 
+import copy
+import itertools
 import json
 
+import peft
 import pytest
+import torch
 from safetensors.torch import save_file
 
 from kvserve import LLM, LoRARequest
-from tests.lora.conftest import make_adapter
+from tests.lora.conftest import Adapter, make_adapter
 from tests.lora.test_lora_oracle import PROMPTS, expected, run
 from tests.model.moe_checkpoints import moe_checkpoint
 
@@ -93,3 +97,39 @@ def test_what_cannot_be_adapted_is_refused_by_name(tmp_path_factory, tmp_path):
         request = LoRARequest(case, 1, write_config(tmp_path / case, **fields))
         with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
             llm.generate([PROMPTS[0]], lora_request=request, use_tqdm=False)
+
+
+def transformers4_adapter(ck, path, names: tuple[str, ...], block: str) -> Adapter:
+    """An adapter as PEFT saved them with transformers 4: each expert's projections by name
+    (random), and its oracle: peft loading it into the fused experts of transformers 5."""
+    config = ck.hf_model.config
+    hidden = config.hidden_size
+    width = getattr(config, "moe_intermediate_size", None) or config.intermediate_size
+    experts = getattr(config, "num_local_experts", None) or config.num_experts
+    generator = torch.Generator().manual_seed(9)
+    tensors = {}
+    sparse = [i for i in range(config.num_hidden_layers)
+              if i not in (getattr(config, "mlp_only_layers", None) or [])]  # fmt: skip
+    for layer, number, name in itertools.product(sparse, range(experts), names):
+        fan_in, fan_out = (width, hidden) if name in ("w2", "down_proj") else (hidden, width)
+        key = f"base_model.model.model.layers.{layer}.{block}.experts.{number}.{name}"
+        tensors[f"{key}.lora_A.weight"] = torch.randn(2, fan_in, generator=generator) * 0.3
+        tensors[f"{key}.lora_B.weight"] = torch.randn(fan_out, 2, generator=generator) * 0.3
+    path.mkdir()
+    save_file(tensors, path / "adapter_model.safetensors")
+    config_json = {"peft_type": "LORA", "r": 2, "lora_alpha": 4, "target_modules": list(names),
+                   "task_type": "CAUSAL_LM"}  # fmt: skip
+    (path / "adapter_config.json").write_text(json.dumps(config_json))
+    model = peft.PeftModel.from_pretrained(copy.deepcopy(ck.hf_model), str(path)).eval()
+    return Adapter(path, model)
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe"])
+def test_experts_named_one_by_one_as_transformers_4_saved_them(arch, tmp_path_factory, tmp_path):
+    ck = moe_checkpoint(tmp_path_factory, arch)
+    names, block = (("w1", "w3", "w2"), "block_sparse_moe") if arch == "mixtral" else (MLP, "mlp")
+    adapters = {"v4": transformers4_adapter(ck, tmp_path / "v4", tuple(names), block)}
+    assert adapters["v4"].reference(PROMPTS[0], 8) != ck.reference(PROMPTS[0], 8)
+    llm = moe_llm(ck, num_kv_blocks=64)
+    names = ["v4", None, "v4"]
+    assert run(llm, adapters, PROMPTS[:3], names) == expected(ck, adapters, PROMPTS[:3], names)
