@@ -80,6 +80,7 @@ def write_config(path, **fields) -> str:
     return str(path)
 
 
+PATTERNS = [f"p{i}" for i in range(257)]
 REFUSED = {
     "router": (dict(target_modules=["gate"]), "the router (gate)"),
     "router-param": (dict(target_parameters=["mlp.gate.weight"]), "the router (gate)"),
@@ -87,6 +88,9 @@ REFUSED = {
     "expert-bias": (dict(target_parameters=["mlp.experts.gate_up_proj_bias"]),
                     "target parameter mlp.experts.gate_up_proj_bias not supported"),
     "bad-pattern": (dict(target_modules=["q_proj"], rank_pattern={"(": 4}), "not a regex"),
+    "many-patterns": (dict(target_modules=["q_proj"], alpha_pattern=dict.fromkeys(PATTERNS, 2)),
+                      "alpha_pattern has 257 entries (at most 256)"),
+    "lm-head": (dict(target_modules=["q_proj", "lm_head"]), "target module lm_head"),
 }  # fmt: skip
 
 
