@@ -74,6 +74,8 @@ def run(model: str, adapters: list[Path] | None, args: argparse.Namespace) -> di
     kwargs: dict = {"num_threads": args.threads} if args.threads else {}
     if adapters is not None:
         kwargs.update(enable_lora=True, max_loras=max(1, len(adapters)), max_lora_rank=args.rank)
+    if args.dtype:
+        kwargs["dtype"] = args.dtype
     llm = LLM(model, num_kv_blocks=2048, **kwargs)
     generator = torch.Generator().manual_seed(0)
     vocab = llm.engine.runner.vocab_size
@@ -111,7 +113,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--vllm", action="store_true", help="served, against vLLM's CPU build")
     parser.add_argument("--vllm-adapters", type=int, default=4, help="with --vllm")
-    parser.add_argument("--dtype", default="bfloat16", help="with --vllm")
+    parser.add_argument("--dtype", default=None, help="default: the engine's; --vllm: bfloat16")
     parser.add_argument("--served-prompts", type=int, default=32, help="with --vllm")
     parser.add_argument("--concurrency", type=int, default=8, help="with --vllm")
     parser.add_argument("--eager", action="store_true", help="with --vllm: vLLM without compile")
@@ -121,7 +123,7 @@ def main() -> None:
     if args.vllm:
         from lora_served import run_served
 
-        args.threads = args.threads or 2
+        args.threads, args.dtype = args.threads or 2, args.dtype or "bfloat16"
         with tempfile.TemporaryDirectory() as tmp:
             run_served(args, write_adapter, Path(tmp))
         return
@@ -138,7 +140,8 @@ def main() -> None:
             for label, adapters in configs:
                 rows.setdefault(label, []).append(run(model, adapters, args))
     print(f"# {datetime.date.today()}  {machine_line(torch.get_num_threads())}")
-    print(f"# model: {model}; {args.prompts} prompts x {args.max_tokens} tokens, rank "
+    print(f"# model: {model} ({args.dtype or 'the default dtype'}); {args.prompts} prompts x "
+          f"{args.max_tokens} tokens, rank "
           f"{args.rank}, every projection; medians of {args.repeat}")  # fmt: skip
     print()
     print("| configuration | decode step ms | output tok/s | decode step / base |")

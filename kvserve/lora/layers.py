@@ -110,12 +110,9 @@ class LoRAProjection(nn.Module):
                 continue
             if rows is None or isinstance(rows, slice):
                 part = slice(None) if rows is None else rows
-                delta = nn.functional.linear(nn.functional.linear(x[part], u.lora_a), u.lora_b)
-                y[part] += delta.mul_(u.scaling)
+                y[part] += _delta(x[part], u, y.dtype)
                 continue
-            xs = x.index_select(0, rows)
-            delta = nn.functional.linear(nn.functional.linear(xs, u.lora_a), u.lora_b)
-            y.index_add_(0, rows, delta.mul_(u.scaling))
+            y.index_add_(0, rows, _delta(x.index_select(0, rows), u, y.dtype))
         return y
 
     def _expert_rows(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -130,13 +127,18 @@ class LoRAProjection(nn.Module):
             if u is None:
                 continue
             if rows is None:  # every row of the step is this adapter's
-                delta = nn.functional.linear(nn.functional.linear(x, u.lora_a), u.lora_b)
-                y += delta.mul_(u.scaling)
+                y += _delta(x, u, y.dtype)
                 continue
             mine = (slots == slot).nonzero().squeeze(1)
-            if not mine.numel():
-                continue
-            xs = x.index_select(0, mine)
-            delta = nn.functional.linear(nn.functional.linear(xs, u.lora_a), u.lora_b)
-            y.index_add_(0, mine, delta.mul_(u.scaling))
+            if mine.numel():
+                y.index_add_(0, mine, _delta(x.index_select(0, mine), u, y.dtype))
         return y
+
+
+def _delta(x: torch.Tensor, u: _Update, dtype: torch.dtype) -> torch.Tensor:
+    """PEFT's `lora_B(lora_A(x)) * scaling`, in the adapter's dtype (float32 on the CPU
+    for a 16-bit model: kvserve.lora.slots.compute_dtype), returned in `dtype`."""
+    if x.dtype != u.lora_a.dtype:
+        x = x.to(u.lora_a.dtype)
+    delta = nn.functional.linear(nn.functional.linear(x, u.lora_a), u.lora_b).mul_(u.scaling)
+    return delta if delta.dtype == dtype else delta.to(dtype)

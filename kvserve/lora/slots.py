@@ -29,6 +29,16 @@ from kvserve.model.checkpoint.config import ModelConfig
 log = logging.getLogger("kvserve.lora")
 
 
+def compute_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The adapters' dtype: the model's, but float32 on the CPU for a 16-bit model, where
+    torch's bfloat16 matmuls with a rank-sized side cost more than float32's (a decode
+    profile of 4 adapters on the default model: about a tenth less CPU time in all) and
+    the update is computed more exactly; it is cast to the model's dtype when added."""
+    if device.type == "cpu" and dtype in (torch.bfloat16, torch.float16):
+        return torch.float32
+    return dtype
+
+
 class LoRASlots:
     """The runner's adapters: the wrapped projections, the slots, the host copies."""
 
@@ -50,7 +60,8 @@ class LoRASlots:
             raise ValueError(f"LoRA: no projection of {config.architecture} can be adapted")
         self.max_loras = max_loras
         self.max_cpu_loras = max(max_cpu_loras, max_loras)
-        self.dtype, self.device = dtype, device
+        self.device = device
+        self.dtype = compute_dtype(dtype, device)
         self._resident: OrderedDict[str, int] = OrderedDict()
         """identity -> slot, least recently used first."""
         self._loaded: OrderedDict[str, LoadedAdapter] = OrderedDict()
