@@ -65,9 +65,16 @@ def free_port() -> int:
 
 
 def server_command(
-    engine: str, model: str, dtype: str, threads: int, port: int, eager: bool
+    engine: str,
+    model: str,
+    dtype: str,
+    threads: int,
+    port: int,
+    eager: bool,
+    extra: tuple[str, ...] = (),
 ) -> list[str]:
-    common = ["--dtype", dtype, "--port", str(port), "--served-model-name", SERVED_NAME]
+    """`extra`: options both engines take alike (lora.py's LoRA options)."""
+    common = ["--dtype", dtype, "--port", str(port), "--served-model-name", SERVED_NAME, *extra]
     if engine == "kvserve":
         kvserve = str(Path(sys.executable).with_name("kvserve"))
         return [kvserve, "serve", model, *common, "--num-threads", str(threads)]
@@ -135,6 +142,7 @@ def run_server(
     env: dict,
     loads: list[Workload],
     eager: bool = False,
+    extra: tuple[str, ...] = (),
 ) -> dict:
     """Start the server, run every workload in order, stop it: {start_s, workload: result}."""
     port = free_port()
@@ -144,7 +152,7 @@ def run_server(
         with log_path.open("w") as log:
             t0 = time.perf_counter()
             proc = subprocess.Popen(
-                server_command(engine, model, dtype, threads, port, eager),
+                server_command(engine, model, dtype, threads, port, eager, extra),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,

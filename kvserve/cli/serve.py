@@ -211,11 +211,6 @@ def run(args: argparse.Namespace) -> int:
 
     lora_options(args, engine_args)
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
-    if args.data_parallel_size > 1 and engine_args.enable_lora:
-        raise ValueError(
-            "--enable-lora with --data-parallel-size: the router does not route LoRA adapters "
-            "yet; run one `kvserve serve --enable-lora` per engine"
-        )
     if args.data_parallel_size > 1:  # the parent runs no engine: children do, a router fronts
         from kvserve.cli.data_parallel import run_data_parallel
 

@@ -8,8 +8,10 @@ included: its parts' lora_A stacked, their lora_B block-diagonal), gathered rows
 and added back (S-LoRA / Punica's segmented idea, with torch's own ops), never a loop
 over requests. The arithmetic is PEFT's (`lora_B(lora_A(x)) * scaling`, added to the
 base output; the other parts' terms are exact zeros), so greedy tokens match
-`PeftModel`. Written here
-because the field's multi-LoRA kernels (punica, S-LoRA) are CUDA-only.
+`PeftModel`. An expert sees some of the step's rows, grouped by the MoE dispatch,
+which names them (`LoRABatch.expert_rows`); its wrapper picks each adapter's among
+them by the rows' slots. Written here because the field's multi-LoRA kernels
+(punica, S-LoRA) are CUDA-only.
 """
 
 from __future__ import annotations
@@ -19,8 +21,6 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from kvserve.model.checkpoint.config import ModelConfig
-
 
 @dataclass
 class LoRABatch:
@@ -28,6 +28,15 @@ class LoRABatch:
 
     active: list[tuple[int, torch.Tensor | slice | None]] = field(default_factory=list)
     """Rows: None (every row), a slice (side by side: views, no copies) or indices."""
+    row_slots: torch.Tensor | None = None
+    """[rows]: each row's slot, -1 for the base model; set when experts are adapted (an
+    expert sees some rows of the step, in its own order)."""
+    expert_rows: torch.Tensor | None = None
+    """The step's rows the expert running now sees, in its input's order (set by the
+    mixture-of-experts dispatch, kvserve.model.layers.moe.run_experts)."""
+
+    def set_expert_rows(self, rows: torch.Tensor) -> None:
+        self.expert_rows = rows
 
 
 @dataclass
@@ -40,18 +49,26 @@ class _Update:
     lora_a: torch.Tensor
     """[sum of ranks, in]"""
     lora_b: torch.Tensor
-    """[out, sum of ranks]"""
+    """[out, sum of ranks]; each part's columns times its scaling where parts differ."""
     scaling: float
 
 
 class LoRAProjection(nn.Module):
     """A projection (maybe fused: q/k/v side by side) plus each resident adapter's update
-    of its parts. `parts`: PEFT's module names in output order, with their widths."""
+    of its parts. `parts`: PEFT's module names in output order, with their widths.
+    `expert`: an expert's projection, which sees the rows `batch.expert_rows` names."""
 
-    def __init__(self, base: nn.Module, parts: list[tuple[str, int]], batch: LoRABatch) -> None:
+    def __init__(
+        self,
+        base: nn.Module,
+        parts: list[tuple[str, int]],
+        batch: LoRABatch,
+        expert: bool = False,
+    ) -> None:
         super().__init__()
         self.base = base
         self.batch = batch
+        self.expert = expert
         self.part_offsets: dict[str, tuple[int, int]] = {}
         offset = 0
         for name, width in parts:
@@ -68,14 +85,16 @@ class LoRAProjection(nn.Module):
         parts = self._parts.setdefault(slot, [])
         parts.append((part, lora_a, lora_b, scaling))
         ranks = sum(a.shape[0] for _, a, _, _ in parts)
+        one = len({s for _, _, _, s in parts}) == 1  # PEFT's order: (B @ A x) * scaling
         stacked_b = lora_b.new_zeros(self.out_features, ranks)
         column = 0
-        for name, a, b, _ in parts:
+        for name, a, b, s in parts:
             offset, width = self.part_offsets[name]
-            stacked_b[offset : offset + width, column : column + a.shape[0]] = b
+            block = b if one else b * s
+            stacked_b[offset : offset + width, column : column + a.shape[0]] = block
             column += a.shape[0]
         stacked_a = torch.cat([a for _, a, _, _ in parts]).contiguous()
-        self.updates[slot] = _Update(stacked_a, stacked_b, scaling)
+        self.updates[slot] = _Update(stacked_a, stacked_b, scaling if one else 1.0)
 
     def clear(self, slot: int) -> None:
         self._parts.pop(slot, None)
@@ -83,64 +102,43 @@ class LoRAProjection(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
+        if self.expert:
+            return self._expert_rows(x, y)
         for slot, rows in self.batch.active:
             u = self.updates.get(slot)
             if u is None:
                 continue
             if rows is None or isinstance(rows, slice):
                 part = slice(None) if rows is None else rows
-                delta = nn.functional.linear(nn.functional.linear(x[part], u.lora_a), u.lora_b)
-                y[part] += delta.mul_(u.scaling)
+                y[part] += _delta(x[part], u, y.dtype)
                 continue
-            xs = x.index_select(0, rows)
-            delta = nn.functional.linear(nn.functional.linear(xs, u.lora_a), u.lora_b)
-            y.index_add_(0, rows, delta.mul_(u.scaling))
+            y.index_add_(0, rows, _delta(x.index_select(0, rows), u, y.dtype))
+        return y
+
+    def _expert_rows(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """An expert's rows are some of the step's, grouped by the dispatch: each adapter's
+        among them by its slot (one comparison and gather per adapter in the step)."""
+        batch = self.batch
+        if not self.updates or batch.row_slots is None or batch.expert_rows is None:
+            return y
+        slots = batch.row_slots.index_select(0, batch.expert_rows)
+        for slot, rows in batch.active:
+            u = self.updates.get(slot)
+            if u is None:
+                continue
+            if rows is None:  # every row of the step is this adapter's
+                y += _delta(x, u, y.dtype)
+                continue
+            mine = (slots == slot).nonzero().squeeze(1)
+            if mine.numel():
+                y.index_add_(0, mine, _delta(x.index_select(0, mine), u, y.dtype))
         return y
 
 
-def attach_lora(
-    model: nn.Module, config: ModelConfig, batch: LoRABatch
-) -> dict[tuple[int, str], LoRAProjection]:
-    """Wrap every projection an adapter may target, in every decoder layer; returns
-    {(layer index, PEFT module name): its wrapper}. After fusion and quantization: the
-    wrapper adds to whatever the base projection computes."""
-    d = config.head_dim
-    widths = {
-        "q_proj": config.num_heads * d,
-        "k_proj": config.num_kv_heads * d,
-        "v_proj": config.num_kv_heads * d,
-        "gate_proj": config.intermediate_size,
-        "up_proj": config.intermediate_size,
-    }
-    fused = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
-    found: dict[tuple[int, str], LoRAProjection] = {}
-    layers: nn.ModuleList = getattr(model.model, "layers")  # noqa: B009  # every decoder's
-    for index, layer in enumerate(layers):
-        for owner_name in ("self_attn", "mlp"):
-            owner = getattr(layer, owner_name, None)
-            if owner is None:
-                continue
-            for attr in ("qkv_proj", "gate_up_proj", "o_proj", "down_proj"):
-                base = getattr(owner, attr, None)
-                if not isinstance(base, nn.Module) or isinstance(base, LoRAProjection):
-                    continue
-                names = fused.get(attr, (attr,))
-                out = _out_features(base)
-                parts = [(n, widths[n]) for n in names] if attr in fused else [(attr, out)]
-                if out < 0 or sum(w for _, w in parts) != out:
-                    continue  # not the layout this wrapper assumes: left without adapters
-                wrapper = LoRAProjection(base, parts, batch)
-                if attr in fused:  # Phi-3 stores it fused and PEFT targets it so
-                    wrapper.part_offsets[attr] = (0, out)
-                setattr(owner, attr, wrapper)
-                for name in (*names, attr) if attr in fused else names:
-                    found[(index, name)] = wrapper
-    return found
-
-
-def _out_features(module: nn.Module) -> int:
-    out = getattr(module, "out_features", None)
-    if isinstance(out, int):
-        return out
-    weight = getattr(module, "weight", None)
-    return int(weight.shape[0]) if isinstance(weight, torch.Tensor) else -1
+def _delta(x: torch.Tensor, u: _Update, dtype: torch.dtype) -> torch.Tensor:
+    """PEFT's `lora_B(lora_A(x)) * scaling`, in the adapter's dtype (float32 on the CPU
+    for a 16-bit model: kvserve.lora.slots.compute_dtype), returned in `dtype`."""
+    if x.dtype != u.lora_a.dtype:
+        x = x.to(u.lora_a.dtype)
+    delta = nn.functional.linear(nn.functional.linear(x, u.lora_a), u.lora_b).mul_(u.scaling)
+    return delta if delta.dtype == dtype else delta.to(dtype)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,15 +24,32 @@ MAX_CONFIG_BYTES = 1 << 20
 SUPPORTED_TARGETS = (
     *("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
     *("qkv_proj", "gate_up_proj"),  # Phi-3's, stored fused
+    *("w1", "w3", "w2"),  # Mixtral's experts (adapters saved with transformers 4)
 )
-"""PEFT's names for the attention and MLP projections of the dense families."""
+"""PEFT's names for the attention and MLP projections of every family: the dense MLPs,
+Qwen2-MoE's shared expert, and the experts one by one (transformers 4's layout)."""
+
+SUPPORTED_PARAMETERS = ("gate_up_proj", "down_proj")
+"""`target_parameters`: the experts' fused 3-D weights of transformers 5 (Qwen2/3-MoE,
+OLMoE, Mixtral), which PEFT adapts with one LoRA per expert stacked along the rank."""
+
+REFUSED_TARGETS = {
+    "gate": "the router (gate): an adapted router would pick other experts per adapter",
+    "shared_expert_gate": "the shared expert's gate (shared_expert_gate)",
+    "lm_head": "lm_head", "embed_tokens": "embed_tokens (embeddings)",
+}  # fmt: skip
+"""Modules PEFT can target that kvserve refuses by name."""
+
+MAX_PATTERNS = 256
+"""rank_pattern / alpha_pattern: entries at most (PEFT writes one per fused expert weight)."""
+MAX_PATTERN_CHARS = 256
 
 UNSUPPORTED_OPTIONS = {
     "use_dora": "DoRA (use_dora)",
     "modules_to_save": "modules_to_save (fully trained copies of base modules)",
     "layers_to_transform": "layers_to_transform (an adapter on some layers only)",
-    "rank_pattern": "rank_pattern (per-module ranks)",
-    "alpha_pattern": "alpha_pattern (per-module alphas)",
+    "lora_bias": "lora_bias (a bias on lora_B)",
+    "trainable_token_indices": "trainable_token_indices (trained embedding rows)",
 }
 
 
@@ -65,6 +83,11 @@ class Adapter:
     digest: str
     """sha256 of the config (canonical JSON) and the weights file, hex."""
     config: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    target_parameters: tuple[str, ...] = ()
+    rank_pattern: tuple[tuple[str, int], ...] = ()
+    """PEFT's per-module ranks ({regex: rank}, in the config's order); PEFT writes one
+    for the experts' fused gate_up_proj (twice the rank: gate's and up's side by side)."""
+    alpha_pattern: tuple[tuple[str, float], ...] = ()
 
     @property
     def identity(self) -> str:
@@ -75,6 +98,25 @@ class Adapter:
     def scaling(self) -> float:
         """PEFT's: alpha / rank, or alpha / sqrt(rank) with rsLoRA."""
         return self.alpha / (self.rank**0.5 if self.use_rslora else self.rank)
+
+    def rank_and_scaling(self, key: str) -> tuple[int, float]:
+        """The rank and scaling of the module or parameter `key` (its path in the
+        transformers model, e.g. model.layers.0.mlp.experts.gate_up_proj), as PEFT
+        resolves rank_pattern and alpha_pattern: the first pattern matching its end."""
+        rank = _pattern_value(self.rank_pattern, key, self.rank)
+        alpha = _pattern_value(self.alpha_pattern, key, self.alpha)
+        return int(rank), alpha / (rank**0.5 if self.use_rslora else rank)
+
+    @property
+    def max_rank(self) -> int:
+        return max([self.rank, *(r for _, r in self.rank_pattern)])
+
+
+def _pattern_value(patterns: tuple[tuple[str, Any], ...], key: str, default: Any) -> Any:
+    for pattern, value in patterns:  # peft.utils.other.get_pattern_key's rule
+        if re.match(rf"(.*\.)?({pattern})$", key):
+            return value
+    return default
 
 
 def resolve_adapter(request: LoRARequest, max_lora_rank: int) -> Adapter:
@@ -122,29 +164,57 @@ def _adapter(name: str, path: Path, config: dict[str, Any], max_rank: int, where
     rank = config.get("r")
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
         raise ValueError(f"{where}: r must be a positive integer, got {rank!r}")
-    if rank > max_rank:
-        raise ValueError(f"{where}: rank {rank} exceeds max_lora_rank ({max_rank})")
     alpha = config.get("lora_alpha", 8)
     if isinstance(alpha, bool) or not isinstance(alpha, int | float):
         raise ValueError(f"{where}: lora_alpha must be a number, got {alpha!r}")
-    targets = config.get("target_modules")
+    rank_pattern = _patterns(config, "rank_pattern", where, integer=True)
+    alpha_pattern = _patterns(config, "alpha_pattern", where, integer=False)
+    top = max([rank, *(r for _, r in rank_pattern)])
+    if top > max_rank:
+        raise ValueError(f"{where}: rank {top} exceeds max_lora_rank ({max_rank})")
+    targets = _names(config, "target_modules", where)
     if isinstance(targets, str):
         raise ValueError(
             f"{where}: target_modules as a pattern ({targets!r}) is not supported: list the "
             f"modules ({', '.join(SUPPORTED_TARGETS)})"
         )
-    if not isinstance(targets, list) or not targets:
+    parameters = _names(config, "target_parameters", where)
+    if isinstance(parameters, str):
+        raise ValueError(f"{where}: target_parameters must be a list, got {parameters!r}")
+    if not targets and not parameters:
         raise ValueError(f"{where}: target_modules must be a non-empty list")
-    unknown = sorted(str(t) for t in targets if t not in SUPPORTED_TARGETS)
+    for target in targets:
+        leaf = target.rsplit(".", 1)[-1]
+        if leaf in REFUSED_TARGETS:
+            raise ValueError(
+                f"{where}: target module {target}: {REFUSED_TARGETS[leaf]} is not supported"
+            )
+    unknown = sorted(t for t in targets if t.rsplit(".", 1)[-1] not in SUPPORTED_TARGETS)
     if unknown:
         raise ValueError(
             f"{where}: target module(s) {', '.join(unknown)} not supported (supported: "
             f"{', '.join(SUPPORTED_TARGETS)})"
         )
+    for target in parameters:
+        leaf = target.removesuffix(".weight").rsplit(".", 1)[-1]
+        if leaf in REFUSED_TARGETS:
+            raise ValueError(
+                f"{where}: target parameter {target}: {REFUSED_TARGETS[leaf]} is not supported"
+            )
+        if leaf not in SUPPORTED_PARAMETERS or target.endswith(".weight"):
+            raise ValueError(
+                f"{where}: target parameter {target} not supported (supported: the experts' "
+                f"fused {' and '.join(SUPPORTED_PARAMETERS)})"
+            )
     # What the computation reads (not the base model's path or PEFT's version), then
     # the weights: equal adapters under two names share blocks, a changed one never does.
-    computed = {"r": rank, "lora_alpha": alpha, "use_rslora": bool(config.get("use_rslora")),
-                "target_modules": sorted(set(targets))}  # fmt: skip
+    computed: dict[str, Any] = {
+        "r": rank, "lora_alpha": alpha, "use_rslora": bool(config.get("use_rslora")),
+        "target_modules": sorted(set(targets)),
+    }  # fmt: skip
+    if parameters or rank_pattern or alpha_pattern:  # absent: the digests adapters had before
+        computed.update(target_parameters=sorted(set(parameters)), rank_pattern=rank_pattern,
+                        alpha_pattern=alpha_pattern)  # fmt: skip
     digest = hashlib.sha256(json.dumps(computed, sort_keys=True).encode())
     with open(path / WEIGHTS_FILE, "rb") as f:
         for piece in iter(lambda: f.read(1 << 20), b""):
@@ -158,4 +228,42 @@ def _adapter(name: str, path: Path, config: dict[str, Any], max_rank: int, where
         target_modules=tuple(sorted(set(targets))),
         digest=digest.hexdigest(),
         config=config,
+        target_parameters=tuple(sorted(set(parameters))),
+        rank_pattern=tuple((p, int(v)) for p, v in rank_pattern),
+        alpha_pattern=tuple((p, float(v)) for p, v in alpha_pattern),
     )
+
+
+def _names(config: dict[str, Any], key: str, where: str) -> list[str] | str:
+    """A config's list of module or parameter names (absent or null: none)."""
+    value = config.get(key)
+    if value is None or isinstance(value, str):
+        return value or []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"{where}: {key} must be a list of names")
+    return value
+
+
+def _patterns(config: dict[str, Any], key: str, where: str, integer: bool) -> list[tuple[str, Any]]:
+    """rank_pattern or alpha_pattern, checked: each a regular expression (bounded in count
+    and length) with a positive number."""
+    value = config.get(key) or {}
+    if not isinstance(value, dict):
+        raise ValueError(f"{where}: {key} must be an object")
+    if len(value) > MAX_PATTERNS:
+        raise ValueError(f"{where}: {key} has {len(value)} entries (at most {MAX_PATTERNS})")
+    out = []
+    for pattern, number in value.items():
+        if len(pattern) > MAX_PATTERN_CHARS:
+            raise ValueError(f"{where}: {key} pattern over {MAX_PATTERN_CHARS} characters")
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(f"{where}: {key} pattern {pattern!r} is not a regex ({exc})") from None
+        kinds = (int,) if integer else (int, float)
+        if isinstance(number, bool) or not isinstance(number, kinds) or number <= 0:
+            raise ValueError(
+                f"{where}: {key}[{pattern!r}] must be a positive number, got {number!r}"
+            )
+        out.append((pattern, number))
+    return out

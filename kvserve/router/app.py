@@ -4,7 +4,8 @@ POST /v1/completions, /v1/chat/completions and /v1/embeddings are
 tokenized, their hits predicted and forwarded (forward.py; an embedding's
 hit counts on replicas with `last` pooling, whose prompt blocks are shared
 and evented like any prompt's); /v1/models, /tokenize and /detokenize
-are forwarded without a prediction. /health is 200 while some replica can
+are forwarded without a prediction; POST /v1/load_lora_adapter and
+/v1/unload_lora_adapter go to every replica (adapters.py). /health is 200 while some replica can
 take a request and the router is not draining; /metrics is the router's own
 registry. With an API key every route but /health and /metrics wants it, as
 on the replicas; the request then goes on with the same header. A body
@@ -35,6 +36,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from kvserve.request_limits import LimitError, decode_body
 from kvserve.router import health
+from kvserve.router.adapters import change_adapter, serving
 from kvserve.router.disaggregated import disaggregated, prefill_first
 from kvserve.router.errors import error, install_error_handlers
 from kvserve.router.forward import GONE_STATUS, ClientGone, Prediction, forward, unless_gone
@@ -98,6 +100,14 @@ def create_app(state: RouterState) -> FastAPI:
     async def embeddings(request: Request) -> Response:
         return await _generate(request, state, "embeddings")
 
+    @app.post("/v1/load_lora_adapter")
+    @app.post("/v1/unload_lora_adapter")
+    async def lora_adapter(request: Request) -> Response:
+        if (denied := _refused(request, state)) is not None:
+            return denied
+        raw = await read_body(request, state.max_request_bytes)
+        return raw if isinstance(raw, Response) else await change_adapter(request, state, raw)
+
     @app.get("/v1/models")
     @app.post("/tokenize")
     @app.post("/detokenize")
@@ -152,7 +162,7 @@ async def _generate(request: Request, state: RouterState, endpoint: Endpoint) ->
             await unless_gone(request, prefill_first(request, state, path, body, prediction))
     except ClientGone:
         return Response(status_code=GONE_STATUS)
-    return await forward(request, state, raw, prediction)
+    return await forward(request, state, raw, prediction, serving(state, body))
 
 
 def _tokenized(state: RouterState, started: float, done: Future[Any]) -> None:

@@ -92,13 +92,20 @@ class ClientGone(Exception):
 
 
 async def forward(
-    request: Request, state: RouterState, raw: bytes, prediction: Prediction
+    request: Request,
+    state: RouterState,
+    raw: bytes,
+    prediction: Prediction,
+    only: set[int] | None = None,
 ) -> Response:
     """Send to the policy's choice; elsewhere if it fails before its first byte (once) or
     answers 503 (while another replica is available). Never to a prefill engine: it only
-    ever runs prompts (disaggregated.py)."""
+    ever runs prompts (disaggregated.py). `only`: the replicas that may take it (those
+    serving the LoRA adapter it names)."""
     state.in_flight += 1  # until the relay closes, or now if there is none
     excluded = {r.index for r in state.replicas if r.role == "prefill"}
+    if only is not None:
+        excluded |= {r.index for r in state.replicas if r.index not in only}
     failure = "no replica is healthy"
     broken = 0
     while broken < 2:

@@ -11,6 +11,7 @@ the short ones waiting. The prefix index is on the follower's thread.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -66,6 +67,8 @@ class RouterState:
     draining: bool = False
     in_flight: int = 0
     """Requests being answered (the drain waits for 0)."""
+    adapter_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Held while LoRA adapters are loaded or unloaded on the replicas (adapters.py)."""
 
     def __post_init__(self) -> None:
         if self.long_tokenizer is None and self.tokenizer is not None:

@@ -47,13 +47,16 @@ def make_adapter(
     rank: int = 4,
     alpha: float = 8,
     use_rslora: bool = False,
+    parameters: Sequence[str] | None = None,
 ) -> Adapter:
     """PEFT's LoRA over a copy of `ck`'s model, every lora_A and lora_B random (PEFT starts
-    lora_B at zero: an adapter that changes nothing would test nothing), saved at `path`."""
+    lora_B at zero: an adapter that changes nothing would test nothing), saved at `path`.
+    `parameters`: PEFT's target_parameters (an MoE's fused expert weights)."""
     config = peft.LoraConfig(
         r=rank,
         lora_alpha=alpha,
-        target_modules=list(targets),
+        target_modules=list(targets) or None,
+        target_parameters=None if parameters is None else list(parameters),
         use_rslora=use_rslora,
         lora_dropout=0.0,
     )

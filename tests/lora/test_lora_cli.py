@@ -53,5 +53,3 @@ def test_bad_lora_modules_are_one_line_before_the_engine_is_built(demo_path, tmp
     one_line_error(kvserve(*serve, "--lora-modules", *twice), "'x'", "twice")
     big = make_adapter(_Base(demo_path), tmp_path / "big", seed=2, rank=32)
     one_line_error(kvserve(*serve, "--lora-modules", f"big={big.path}"), "'big'", "max_lora_rank")
-    dp = ("--data-parallel-size", "2", "--lora-modules", f"x={adapter.path}")
-    one_line_error(kvserve(*serve, *dp), "--data-parallel-size", "--enable-lora")

@@ -84,7 +84,7 @@ def test_phi3_fused_projections_take_their_adapters(dense_checkpoints, tmp_path)
 
 
 def test_a_mixture_of_experts_takes_attention_adapters(tmp_path_factory, tmp_path):
-    """Qwen3-MoE: adapters on its attention (the experts are not adapted yet)."""
+    """Qwen3-MoE: adapters on its attention alone (its experts: test_lora_moe.py)."""
     from tests.model.moe_checkpoints import moe_checkpoint
 
     ck = moe_checkpoint(tmp_path_factory, "qwen3_moe")

@@ -94,6 +94,9 @@ class SparseMoeBlock(nn.Module):
         self.experts = nn.ModuleList(
             expert(hidden, moe.expert_intermediate_size) for _ in range(moe.num_experts)
         )
+        self.on_expert_rows: Callable[[torch.Tensor], None] | None = None
+        """Told, before each expert runs, which of the step's rows it sees (LoRA adapters
+        on experts: kvserve.lora.targets)."""
         self.shared_expert: nn.Module | None = None
         self.shared_expert_gate: nn.Module | None = None
         if moe.shared_expert_intermediate_size:
@@ -102,14 +105,18 @@ class SparseMoeBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, experts = self.gate(x)
-        out = run_experts(self.experts, x, weights, experts)
+        out = run_experts(self.experts, x, weights, experts, self.on_expert_rows)
         if self.shared_expert is None or self.shared_expert_gate is None:
             return out
         return out + self.shared_expert_gate(x) * self.shared_expert(x)
 
 
 def run_experts(
-    experts: nn.ModuleList, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor
+    experts: nn.ModuleList,
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    chosen: torch.Tensor,
+    on_rows: Callable[[torch.Tensor], None] | None = None,
 ) -> torch.Tensor:
     """sum_j weights[t, j] * experts[chosen[t, j]](x[t]) for every token t, grouped by expert.
 
@@ -125,11 +132,14 @@ def run_experts(
     flat = chosen.flatten()
     order = torch.argsort(flat, stable=True)  # assignments grouped by expert, tokens in order
     counts = torch.bincount(flat, minlength=len(experts)).tolist()  # the step's one sync
-    inputs = x[order // top_k]
+    rows = order // top_k
+    inputs = x[rows]
     outputs = []
     start = 0
     for expert_id, count in enumerate(counts):
         if count:
+            if on_rows is not None:
+                on_rows(rows[start : start + count])
             outputs.append(experts[expert_id](inputs[start : start + count]))
             start += count
     if not outputs:  # no tokens at all
