@@ -18,7 +18,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from kvserve.transfer.remote_tier import RemoteTier
+from kvserve.transfer.remote_tier import ReadOnlyTier, RemoteTier
 
 MAX_TOLD = 64
 """Producers told of at run time kept at once (the least recently told go first)."""
@@ -27,14 +27,9 @@ TOLD_SECONDS = 60.0
 COUNTERS = ("blocks_received", "bytes_received", "rejected", "asks", "failures", "seconds")
 
 
-class Producers:
+class Producers(ReadOnlyTier):
     """Read-only, like each of its RemoteTiers; the counters add up theirs (dropped ones
     included)."""
-
-    medium = "REMOTE"
-    read_only = True
-    capacity = 0
-    used_bytes = 0
 
     def __init__(
         self, peers: tuple[str, ...], fingerprint: bytes, timeout_s: float, largest_payload: int
@@ -110,16 +105,6 @@ class Producers:
             elif tier.failures > failures and self._told.get(tier.endpoint) is tier:
                 self._drop(tier.endpoint)  # gone: not asked again until told of again
 
-    @staticmethod
-    def stored_size(key_bytes: int, payload_bytes: int) -> int:
-        return 0
-
-    def contains(self, key: bytes) -> bool:
-        return self.contains_many([key])[0]
-
-    def get(self, key: bytes) -> bytes | None:
-        return self.get_many([key])[0]
-
     def contains_many(self, keys: Sequence[bytes]) -> list[bool]:
         return [bool(x) for x in self._many("contains_many", keys)]
 
@@ -141,12 +126,6 @@ class Producers:
             self._asked(tier, failures, any(found))
             missing = [i for i in missing if not out[i]]
         return out
-
-    def put(self, key: bytes, payload: bytes) -> list[bytes]:
-        return []  # the producers' tiers are their own
-
-    def keys(self) -> list[bytes]:
-        return []
 
     def counts(self) -> dict[str, float]:
         """Each counter summed over the producers, present and dropped."""

@@ -33,13 +33,40 @@ HEADER_BYTES = 16 * MAX_KEYS + 64
 """An answer's header frame at most: a status and a checksum (or nil) per key."""
 
 
-class RemoteTier:
-    """A producer's tiers, read through the network; never written."""
+class ReadOnlyTier:
+    """A tier the offload stack reads and never writes (kvserve.offload.tiers' interface):
+    one key at a time is a run of one; what it holds is someone else's."""
 
     medium = "REMOTE"
     read_only = True
     capacity = 0
     used_bytes = 0
+
+    @staticmethod
+    def stored_size(key_bytes: int, payload_bytes: int) -> int:
+        return 0
+
+    def contains(self, key: bytes) -> bool:
+        return self.contains_many([key])[0]
+
+    def get(self, key: bytes) -> bytes | None:
+        return self.get_many([key])[0]
+
+    def contains_many(self, keys: Sequence[bytes]) -> list[bool]:
+        raise NotImplementedError
+
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        raise NotImplementedError
+
+    def put(self, key: bytes, payload: bytes) -> list[bytes]:
+        return []  # the producer's tiers are its own
+
+    def keys(self) -> list[bytes]:
+        return []
+
+
+class RemoteTier(ReadOnlyTier):
+    """A producer's tiers, read through the network; never written."""
 
     def __init__(
         self, endpoint: str, fingerprint: bytes, timeout_s: float, largest_payload: int = 0
@@ -64,16 +91,6 @@ class RemoteTier:
         """Asks that got no usable answer (gone, slow, another model's blocks): recomputed."""
         self.seconds = 0.0
         """Time spent asking."""
-
-    @staticmethod
-    def stored_size(key_bytes: int, payload_bytes: int) -> int:
-        return 0
-
-    def contains(self, key: bytes) -> bool:
-        return self.contains_many([key])[0]
-
-    def get(self, key: bytes) -> bytes | None:
-        return self.get_many([key])[0]
 
     def contains_many(self, keys: Sequence[bytes]) -> list[bool]:
         found = [False] * len(keys)
@@ -116,12 +133,6 @@ class RemoteTier:
                 self.bytes_received += len(data)
                 out[i] = data
         return out
-
-    def put(self, key: bytes, payload: bytes) -> list[bytes]:
-        return []  # the producer's tiers are its own
-
-    def keys(self) -> list[bytes]:
-        return []
 
     def _ask(self, op: str, keys: Sequence[bytes]) -> tuple[Any, list[bytes]] | None:
         with self._lock:

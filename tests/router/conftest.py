@@ -56,6 +56,21 @@ def start_replicas(demo: str, n: int) -> list[Server]:
     return [wait_healthy(s) for s in [start_replica(demo, wait=False) for _ in range(n)]]
 
 
+def start_split_replicas(demo: str, decoders: int = 1) -> list[Server]:
+    """A prefill engine (a producer with a CPU tier) and `decoders` decode engines reading
+    its blocks, started side by side and not yet waited for (the prefill engine first)."""
+    port = free_port()
+    producer = {"kv_role": "kv_producer", "kv_port": port}
+    consumer = {"kv_role": "kv_consumer",
+                "kv_connector_extra_config": {"peers": [f"tcp://127.0.0.1:{port}"]}}  # fmt: skip
+    return [
+        start_replica(demo, extra=("--offload", "cpu:64MiB", "--kv-transfer-config",
+                                   json.dumps(producer)), wait=False),
+        *[start_replica(demo, extra=("--kv-transfer-config", json.dumps(consumer)), wait=False)
+          for _ in range(decoders)],
+    ]  # fmt: skip
+
+
 def start_router(replicas: list, *extra: str) -> Server:
     """`kvserve route` over the replicas (anything with a `url`); its model: theirs."""
     args = ["route", *[a for r in replicas for a in ("--replica", r.url)], *extra]

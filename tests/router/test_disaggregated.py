@@ -11,8 +11,12 @@ import json
 import httpx
 import pytest
 
-from tests._ports import free_port
-from tests.router.conftest import router_total, router_value, start_replica, stop_all
+from tests.router.conftest import (
+    router_total,
+    router_value,
+    start_split_replicas,
+    stop_all,
+)
 from tests.serve.conftest import metric, scrape, start_command, wait_healthy
 
 pytestmark = pytest.mark.slow
@@ -22,15 +26,7 @@ LONG = "Tell me about the sea. " * 12  # several full blocks of prompt
 
 @pytest.fixture(scope="module")
 def split(demo):
-    port = free_port()
-    producer = {"kv_role": "kv_producer", "kv_port": port}
-    consumer = {"kv_role": "kv_consumer",
-                "kv_connector_extra_config": {"peers": [f"tcp://127.0.0.1:{port}"]}}  # fmt: skip
-    started = [
-        start_replica(demo, extra=("--offload", "cpu:64MiB", "--kv-transfer-config",
-                                   json.dumps(producer)), wait=False),
-        start_replica(demo, extra=("--kv-transfer-config", json.dumps(consumer)), wait=False),
-    ]  # fmt: skip
+    started = start_split_replicas(demo)
     prefill, decode = [wait_healthy(s) for s in started]
     route = ["route", "--prefill", prefill.url, "--decode", decode.url]
     router = start_command([*route, "--prefill-min-tokens", "16"], demo)  # LONG is ~90

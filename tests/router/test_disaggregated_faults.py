@@ -6,14 +6,17 @@ with no KV block in use."""
 
 from __future__ import annotations
 
-import json
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
-from tests._ports import free_port
-from tests.router.conftest import router_value, start_replica, stop_all, wait_for
+from tests.router.conftest import (
+    router_value,
+    start_split_replicas,
+    stop_all,
+    wait_for,
+)
 from tests.serve.conftest import metric, scrape, start_command, wait_healthy
 
 pytestmark = pytest.mark.slow
@@ -32,16 +35,7 @@ def chat(url: str, i: int) -> tuple[int, str]:
 
 
 def test_a_decode_engine_killed_before_its_first_byte_loses_no_request(demo):
-    port = free_port()
-    producer = {"kv_role": "kv_producer", "kv_port": port}
-    consumer = {"kv_role": "kv_consumer",
-                "kv_connector_extra_config": {"peers": [f"tcp://127.0.0.1:{port}"]}}  # fmt: skip
-    started = [
-        start_replica(demo, extra=("--offload", "cpu:64MiB", "--kv-transfer-config",
-                                   json.dumps(producer)), wait=False),
-        *[start_replica(demo, extra=("--kv-transfer-config", json.dumps(consumer)), wait=False)
-          for _ in range(2)],
-    ]  # fmt: skip
+    started = start_split_replicas(demo, decoders=2)
     router = None
     try:
         prefill, a, b = [wait_healthy(s) for s in started]
