@@ -1,7 +1,7 @@
 """LoRA adapters give peft's tokens: greedy tokens of a batch mixing two adapters and the
 base model equal `PeftModel.generate`'s (and transformers' for the base), with caching on
-and off, under preemption and chunked prefill, and with fewer adapter slots than
-adapters in the batch (kvserve.lora)."""
+and off, under preemption and chunked prefill, with the CPU tier reloading blocks, and
+with fewer adapter slots than adapters in the batch (kvserve.lora)."""
 
 from __future__ import annotations
 
@@ -56,6 +56,23 @@ def test_a_mixed_batch_gives_each_rows_own_adapters_tokens(checkpoints, llama_ad
     )
     if case == "preempt-chunked":
         assert llm.stats()["preemptions"] > 0
+
+
+def test_the_cpu_tier_reloads_each_adapters_own_blocks(checkpoints, llama_adapters):
+    """Blocks written to the CPU tier and loaded back keep their adapter: the same prompt
+    under two adapters and the base, every hit from the tier (the device cache reset)."""
+    ck = checkpoints["llama"]
+    llm = LLM(ck.path, block_size=4, dtype="float32", num_threads=1, enable_lora=True,
+              num_kv_blocks=24, max_loras=2, offload="cpu:64MiB")  # fmt: skip
+    names = ["all", "attn", None, "all"]
+    want = expected(ck, llama_adapters, PROMPTS, names)
+    assert run(llm, llama_adapters, PROMPTS, names) == want
+    same = [PROMPTS[0]] * 3
+    for order in (["attn", None, "all"], [None, "all", "attn"]):
+        llm.reset_prefix_cache()  # the device's blocks gone: the tier's remain
+        loaded = llm.stats()["external_hit_tokens"]
+        assert run(llm, llama_adapters, same, order) == expected(ck, llama_adapters, same, order)
+        assert llm.stats()["external_hit_tokens"] > loaded
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
