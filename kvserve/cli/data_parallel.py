@@ -37,7 +37,7 @@ from kvserve.events.config import KVEventsConfig
 from kvserve.model.threads import default_num_threads
 
 if TYPE_CHECKING:
-    from kvserve.serve.http.adapters import AdapterModule
+    pass
 
 log = logging.getLogger("kvserve.serve")
 STOP_GRACE_SECONDS = 10.0
@@ -96,16 +96,8 @@ def child_argv(
     if args.reasoning_parser is not None:
         argv += ["--reasoning-parser", args.reasoning_parser]
     if getattr(args, "lora_modules", None):  # every rank loads the same adapters
-        argv += ["--lora-modules", *(_module_json(m) for m in args.lora_modules)]
+        argv += ["--lora-modules", *(m.to_json() for m in args.lora_modules)]
     return argv + engine_argv(dataclasses.replace(engine_args, kv_events_config=events))
-
-
-def _module_json(module: AdapterModule) -> str:
-    """vLLM's JSON form of a `--lora-modules` entry (a name with `=` stays whole)."""
-    fields = {"name": module.name, "path": module.path}
-    if module.base_model_name is not None:
-        fields["base_model_name"] = module.base_model_name
-    return json.dumps(fields)
 
 
 def run_data_parallel(

@@ -10,6 +10,7 @@
   checked against the base model's projections (fused expert weights split per expert).
 - layers.py: the wrapper, so each row of a mixed batch gets its own adapter (one
   pair of small matmuls per adapter in the step, not per request).
+- modules.py (no torch): `--lora-modules` entries (`NAME=DIR` or vLLM's JSON form).
 - slots.py: which adapters are resident (`max_loras`), which are kept loaded on the
   host (`max_cpu_loras`, least recently used out), and the step's rows per adapter.
 """

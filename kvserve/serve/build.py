@@ -14,9 +14,10 @@ from fastapi import FastAPI
 
 from kvserve.engine.engine_args import EngineArgs
 from kvserve.llm import LLM
+from kvserve.lora.modules import AdapterModule, parse_lora_module
 from kvserve.lora.request import LoRARequest, resolve_adapter
 from kvserve.serve.app import create_app
-from kvserve.serve.http.adapters import AdapterModule, ServedAdapters, parse_lora_module
+from kvserve.serve.http.adapters import ServedAdapters
 from kvserve.serve.http.engine_thread import EngineThread
 from kvserve.serve.http.kv_metadata import kv_metadata_body
 from kvserve.serve.http.limits import ServeLimits

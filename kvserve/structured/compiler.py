@@ -160,7 +160,7 @@ class GrammarCompiler:
         matcher = xgr.GrammarMatcher(compiled)
         bitmask = xgr.allocate_token_bitmask(1, self._vocab_size)
         matcher.fill_next_token_bitmask(bitmask, 0)
-        if not bool(bitmask.any()):  # e.g. {"$ref": "#"}: a rule that only refers to itself
+        if not bool(bitmask.any()):  # e.g. {"anyOf": []}: no alternative at all
             raise ValueError(DEAD_END)
         return compiled
 

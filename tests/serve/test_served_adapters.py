@@ -5,14 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from kvserve.lora.modules import AdapterModule, parse_lora_module
 from kvserve.lora.registry import AdapterRegistry
 from kvserve.lora.request import LoRARequest
-from kvserve.serve.http.adapters import (
-    MAX_SERVED_ADAPTERS,
-    AdapterModule,
-    ServedAdapters,
-    parse_lora_module,
-)
+from kvserve.serve.http.adapters import MAX_SERVED_ADAPTERS, ServedAdapters
 
 
 def test_both_forms_of_lora_modules():

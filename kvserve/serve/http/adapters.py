@@ -10,7 +10,6 @@ at once; requests already submitted keep their LoRARequest and finish with it.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from kvserve.lora.request import LoRARequest
@@ -21,44 +20,12 @@ max_cpu_loras stay loaded): a bound on what load requests can make it keep."""
 
 
 @dataclass(slots=True, frozen=True)
-class AdapterModule:
-    """One `--lora-modules` entry: `NAME=DIR`, or vLLM's JSON form."""
-
-    name: str
-    path: str
-    base_model_name: str | None = None
-
-
-@dataclass(slots=True, frozen=True)
 class ServedAdapter:
     request: LoRARequest
     identity: str
     """Its content digest when loaded (Adapter.identity): its key in block hashes."""
     parent: str
     """The base model's name /v1/models lists it under."""
-
-
-def parse_lora_module(text: str) -> AdapterModule:
-    """`NAME=DIR` or `{"name": ..., "path": ..., "base_model_name": ...}` (ValueError: why)."""
-    if text.lstrip().startswith("{"):
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"--lora-modules: {text!r} is not JSON ({exc})") from None
-        extra = sorted(set(value) - {"name", "path", "base_model_name"})
-        if extra:
-            raise ValueError(f"--lora-modules: {text!r} has unknown keys {extra}")
-        name, path, base = value.get("name"), value.get("path"), value.get("base_model_name")
-        if not (isinstance(name, str) and name and isinstance(path, str) and path):
-            raise ValueError(f"--lora-modules: {text!r} needs a non-empty name and path")
-        if base is not None and not isinstance(base, str):
-            raise ValueError(f"--lora-modules: {text!r}: base_model_name must be a string")
-        return AdapterModule(name, path, base)
-    name, sep, path = text.partition("=")
-    if not sep or not name or not path:
-        raise ValueError(f'--lora-modules must be NAME=DIR or {{"name": ..., "path": ...}}, '
-                         f"got {text!r}")  # fmt: skip
-    return AdapterModule(name, path)
 
 
 class ServedAdapters:
