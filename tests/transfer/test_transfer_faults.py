@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -192,28 +194,37 @@ def test_blocks_evicted_by_memory_pressure_before_the_pull_are_recomputed(checkp
         producer.shutdown()
 
 
+@contextmanager
+def held_answers(ck) -> Iterator[tuple[LLM, LLM, threading.Event]]:
+    """A producer whose answers wait (through a Tamper) until the test sets the gate, and a
+    consumer that waits for them up to a minute: (producer, consumer, gate). All closed
+    after, the gate opened first."""
+    gate = threading.Event()
+    producer = producer_engine(ck)
+    tamper = Tamper(endpoint(producer), lambda n, frames: frames if gate.wait(60) else None)
+    consumer = consumer_engine(ck, tamper.endpoint, timeout_s=60)
+    try:
+        yield producer, consumer, gate
+    finally:
+        gate.set()
+        consumer.shutdown()
+        tamper.close()
+        producer.shutdown()
+
+
 def test_a_slow_producer_never_stalls_the_consumer_running_requests(checkpoints):
     ck = checkpoints["llama"]
-    gate = threading.Event()
-
-    def hold(n: int, frames: list[bytes]) -> list[bytes]:
-        gate.wait(60)  # the producer's answer is on its way until the test opens the gate
-        return frames
-
-    producer = producer_engine(ck)
-    tamper = Tamper(endpoint(producer), hold)
-    consumer = consumer_engine(ck, tamper.endpoint, timeout_s=60)
-    engine = consumer.engine
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True,
                             output_kind=RequestOutputKind.FINAL_ONLY)  # fmt: skip
     done: dict[str, list[int]] = {}
+    with held_answers(ck) as (producer, consumer, gate):
+        engine = consumer.engine
 
-    def step() -> None:
-        for output in engine.step():
-            if output.finished:
-                done[output.request_id] = output.outputs[0].token_ids
+        def step() -> None:
+            for output in engine.step():
+                if output.finished:
+                    done[output.request_id] = output.outputs[0].token_ids
 
-    try:
         run(producer, PROMPTS[:1], 1)
         engine.add_request("running", PROMPTS[1], params)  # the producer lacks its blocks
         while not engine.scheduler.running:
@@ -231,22 +242,13 @@ def test_a_slow_producer_never_stalls_the_consumer_running_requests(checkpoints)
                         "pulling": ck.reference(PROMPTS[0], 24)}  # fmt: skip
         assert consumer.stats()["external_hit_tokens"] == RUN * BS  # pulled, not recomputed
         assert_no_leak(producer, consumer)
-    finally:
-        gate.set()
-        consumer.shutdown()
-        tamper.close()
-        producer.shutdown()
 
 
 def test_a_request_aborted_while_its_blocks_are_on_their_way_leaves_nothing(checkpoints):
     ck = checkpoints["llama"]
-    gate = threading.Event()
-    producer = producer_engine(ck)
-    tamper = Tamper(endpoint(producer), lambda n, frames: frames if gate.wait(60) else None)
-    consumer = consumer_engine(ck, tamper.endpoint, timeout_s=60)
-    engine = consumer.engine
     params = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True)
-    try:
+    with held_answers(ck) as (producer, consumer, gate):
+        engine = consumer.engine
         run(producer, PROMPTS[:1], 1)
         engine.add_request("leaving", PROMPTS[0], params)
         engine.step()  # its lookup waits for the producer
@@ -258,8 +260,3 @@ def test_a_request_aborted_while_its_blocks_are_on_their_way_leaves_nothing(chec
         assert consumer.stats()["external_hit_tokens"] == RUN * BS  # pulled again, whole
         assert not engine.connector._staged and not engine.connector.fetches._futures
         assert_no_leak(producer, consumer)
-    finally:
-        gate.set()
-        consumer.shutdown()
-        tamper.close()
-        producer.shutdown()
