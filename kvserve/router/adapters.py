@@ -23,7 +23,8 @@ import httpx
 from fastapi import Request, Response
 
 from kvserve.router.errors import error
-from kvserve.router.replicas import Replica, parse_info
+from kvserve.router.health import read_info
+from kvserve.router.replicas import Replica
 from kvserve.router.state import RouterState
 
 log = logging.getLogger("kvserve.router")
@@ -69,10 +70,8 @@ def serving(state: RouterState, body: Any) -> set[int] | None:
 
 async def refresh(state: RouterState, replica: Replica) -> None:
     """Read the replica's adapters anew (the rest of what it said stays as read)."""
-    try:
-        info = parse_info(replica.url, await state.http().get(f"{replica.url}/kv-metadata"))
-    except (httpx.HTTPError, ValueError) as exc:
-        log.warning("replica %s: its adapters could not be read: %s", replica.url, exc)
+    info = await read_info(state, replica, "its adapters could not be read")
+    if info is None:
         return
     replica.info = {**replica.info, "lora_adapters": info.get("lora_adapters") or []}
 

@@ -68,11 +68,19 @@ async def _check(state: RouterState, replica: Replica) -> None:
         log.info("replica %s takes requests again", replica.url)
 
 
-async def _revive(state: RouterState, replica: Replica) -> None:
+async def read_info(state: RouterState, replica: Replica, failing: str) -> dict | None:
+    """The replica's /kv-metadata, read and checked; None (logged, `failing` saying what
+    that costs) where it cannot be read."""
     try:
-        info = parse_info(replica.url, await state.http().get(f"{replica.url}/kv-metadata"))
+        return parse_info(replica.url, await state.http().get(f"{replica.url}/kv-metadata"))
     except (httpx.HTTPError, ValueError) as exc:
-        log.warning("replica %s answers /health but not /kv-metadata: %s", replica.url, exc)
+        log.warning("replica %s: %s: %s", replica.url, failing, exc)
+        return None
+
+
+async def _revive(state: RouterState, replica: Replica) -> None:
+    info = await read_info(state, replica, "answers /health but not /kv-metadata")
+    if info is None:
         return
     reference = next((r for r in state.replicas if r is not replica), replica)
     problem = disagreement(reference, replica.url, info)
