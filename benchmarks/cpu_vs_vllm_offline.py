@@ -90,17 +90,19 @@ def main() -> int:
         result["modes"][mode] = {"seconds": seconds, "tokens": len(prompts) * new}
     one = work["one_at_a_time"]
     seconds = []
-    for _ in range(args.repeat):
+    for _ in range(args.repeat if one else 0):
         reset()
         seconds.append(timed(lambda: [generate([p], new) for p in one]))
-    result["modes"]["one at a time"] = {"seconds": seconds, "tokens": len(one) * new}
+    if one:
+        result["modes"]["one at a time"] = {"seconds": seconds, "tokens": len(one) * new}
     cold, warm = [], []
-    for _ in range(args.repeat):  # the long prompt to one token: a prefill, uncached then cached
+    for _ in range(args.repeat if "long" in work else 0):  # a long prompt to one token: a
         reset()
         cold.append(timed(lambda: generate([work["long"]], 1)))
         warm.append(timed(lambda: generate([work["long"]], 1)))
-    result["modes"]["TTFT cold"] = {"seconds": cold, "tokens": 1}
-    result["modes"]["TTFT warm"] = {"seconds": warm, "tokens": 1}
+    if cold:  # prefill, uncached then cached
+        result["modes"]["TTFT cold"] = {"seconds": cold, "tokens": 1}
+        result["modes"]["TTFT warm"] = {"seconds": warm, "tokens": 1}
     usage = resource.getrusage(resource.RUSAGE_SELF)
     result["cpu_s"] = usage.ru_utime + usage.ru_stime
     print(json.dumps(result), flush=True)

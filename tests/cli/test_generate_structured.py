@@ -46,6 +46,7 @@ def test_json_schema_from_a_file(tmp_path):
         assert value["answer"] in ("Paris", "Rome") and isinstance(value["sure"], bool)
 
 
+@pytest.mark.slow
 def test_regex_and_choice(tmp_path):
     proc = run(["--regex", r"[0-9]{3}"], tmp_path)
     assert proc.returncode == 0, proc.stderr

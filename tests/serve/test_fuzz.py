@@ -5,7 +5,6 @@ generating at most a few tokens (the document's ranges are narrowed for speed on
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 
 import httpx
@@ -51,11 +50,17 @@ def check(response, case) -> None:
         assert isinstance(error["message"], str) and error["message"], where
 
 
-@pytest.mark.parametrize("mode", list(EXAMPLES), ids=str)
+@pytest.mark.parametrize(
+    "mode",
+    [  # positive bodies generate tokens: the long pole of the fast subset
+        pytest.param(GenerationMode.POSITIVE, marks=pytest.mark.slow),
+        GenerationMode.NEGATIVE,
+    ],
+    ids=str,
+)
 def test_no_input_makes_a_5xx_or_a_non_openai_error(server, mode):
     doc = narrowed(httpx.get(f"{server.url}/openapi.json", timeout=10).json())
     schema = schemathesis.openapi.from_dict(doc)
-    started = time.monotonic()
     statuses: Counter[int] = Counter()
 
     @settings(
@@ -74,5 +79,4 @@ def test_no_input_makes_a_5xx_or_a_non_openai_error(server, mode):
 
     fuzz()
     assert {s // 100 for s in statuses} >= ({2, 4} if mode == "positive" else {4}), statuses
-    assert time.monotonic() - started < 120
     assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200

@@ -66,6 +66,7 @@ def test_a_full_queue_answers_503_with_retry_after(demo):
     assert "Traceback" not in log
 
 
+@pytest.mark.slow
 def test_sigterm_drains_aborts_flushes_events_and_exits_0(demo):
     port, replay = free_port(), free_port()
     events = {

@@ -66,6 +66,7 @@ def test_the_switch_and_the_load_log_words(tmp_path, monkeypatch):
     assert enable_for(torch.bfloat16).endswith("small ops (cached)")
 
 
+@pytest.mark.slow
 def test_a_bfloat16_engine_decodes_through_the_kernel(monkeypatch, caplog, tmp_path):
     """The default model in bfloat16 says so in its load log and every decode step's
     attention calls the kernel (30 layers, one group)."""
