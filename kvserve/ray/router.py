@@ -124,6 +124,7 @@ class KVServeRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         name = self._deployment_id.name
         book.BOOK.views[name] = self.view_stats
         book.BOOK.predictors[name] = self.best_hit
+        book.BOOK.adapter_listeners[name] = self.learn_adapters
 
     # -- Serve's replica set --------------------------------------------------------
 
@@ -143,6 +144,13 @@ class KVServeRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
             if known is not None:
                 self._forget(replica_id)
             self._follow(replica_id, info)
+
+    def learn_adapters(self, adapters: dict[str, Any]) -> None:
+        """Replica (Serve's unique id) -> its adapters now, told by the ingress after a
+        run-time change (before the next routing stats say so): hashed with at once."""
+        for replica_id, followed in list(self.followed.items()):
+            if replica_id.unique_id in adapters:
+                followed.info = {**followed.info, "lora_adapters": adapters[replica_id.unique_id]}
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
