@@ -227,6 +227,10 @@ class AdapterChanges:
         """One change at a time from this ingress: an undo meets no other change."""
 
     async def change(self, scope: dict[str, Any], body: bytes) -> Response:
+        """A change runs to its end (its undo, the book) even if its client leaves."""
+        return await asyncio.shield(asyncio.ensure_future(self._change(scope, body)))
+
+    async def _change(self, scope: dict[str, Any], body: bytes) -> Response:
         load = scope.get("path") == LOAD_PATH
         name, path = _name_path(body)
         async with self.lock:
