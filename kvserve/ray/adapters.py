@@ -41,6 +41,7 @@ from starlette.types import ASGIApp
 
 from kvserve.ray.asgi import run_asgi
 from kvserve.ray.book import BOOK
+from kvserve.request_limits import LimitError, decode_body
 from kvserve.router.errors import error
 
 log = logging.getLogger("kvserve.ray")
@@ -106,11 +107,11 @@ async def answer(app: ASGIApp, scope: dict[str, Any], body: bytes) -> Answer:
 
 
 def _name_path(body: bytes) -> tuple[str | None, str | None]:
+    """The change's names, or None: a body the replicas refuse themselves (depth-bounded:
+    a body nested 100,000 deep is their 400, not a crash here)."""
     try:
-        parsed = json.loads(body)
-    except ValueError:
-        return None, None
-    if not isinstance(parsed, dict):
+        parsed = decode_body(body)
+    except LimitError:
         return None, None
     name, path = parsed.get("lora_name"), parsed.get("lora_path")
     return (name if isinstance(name, str) else None), (path if isinstance(path, str) else None)

@@ -11,6 +11,9 @@ Ray's own: where its KV events are published, and how the router learns it.
   hands the answers to the request routers) carries this replica's /kv-metadata (the event
   endpoints, the checkpoint, the hashing), a boot id (a replica restarted in place is
   followed from scratch) and its KV numbers for the ingress's /metrics.
+- Run-time LoRA adapters (kvserve.ray.adapters): a load or unload the ingress broadcasts
+  (`adapter_change`), and the application's adapter book read before the first request
+  and whenever it changes, so a replica Serve starts later serves them too.
 - Health: `check_health` raises once the engine thread died, so Serve replaces the replica.
 - Prefill and decode (the builder's `prefill`/`decode` sections): a prefill replica is a KV
   transfer producer serving its CPU tier's blocks on this node's address, on a port ZMQ

@@ -180,6 +180,9 @@ def test_a_failed_load_is_undone_on_every_replica(served, demo, tmp_path):
     assert answer.status_code == 400, answer.text
     assert "not a directory" in answer.json()["error"]["message"]
     assert all("missing" not in names for names in _adapters_by_replica().values())
+    nested = httpx.post(f"{served.url}/v1/load_lora_adapter", content=b"[" * 100_000,
+                        headers=AUTH, timeout=60)  # fmt: skip
+    assert nested.status_code == 400 and "Traceback" not in nested.text
     # One replica already serves the name (loaded on it alone): the other's load is undone.
     other = make_adapter(_Base(demo), tmp_path / "other", seed=23)
     from ray import serve
