@@ -18,7 +18,9 @@ engine replica, and a replica Serve starts later (a crash replaced, a scale-up) 
   Serve restarted (empty, a new epoch) is taught the adapters by the first replica that
   sees it, so nothing is unloaded because the book forgot.
 - The request routers learn the new identities from the broadcast's answers at once
-  (book.py's `adapter_listeners`), not a routing-stats period later.
+  (book.py's `adapter_listeners`), not a routing-stats period later; a replica counts its
+  changes (`lora_generation`), so stats recorded before a change do not undo what the
+  router was told.
 
 The book holds names and paths only: at most MAX_SERVED_ADAPTERS entries (a replica refuses
 more), each under 8 KiB (the handler's limits on both strings).
@@ -54,6 +56,8 @@ BOOK_TIMEOUT_SECONDS = 30.0
 """A starting replica waits this long for the book (Serve restarting it), then starts
 without the run-time adapters and takes them when it next looks."""
 
+GENERATION = "lora_generation"
+"""In a replica's routing stats and its answers to a change: how many changes it has made."""
 Entries = dict[str, str]
 """Adapter name -> its path (as the load request named it)."""
 
@@ -133,6 +137,7 @@ class ReplicaAdapters:
     seen: tuple[str, int] = ("", -1)
     failed: set[tuple[str, str]] = field(default_factory=set)
     """Book entries this replica could not load (not tried again until the book changes)."""
+    generation: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     looking: asyncio.Task[None] | None = None
 
@@ -146,6 +151,7 @@ class ReplicaAdapters:
             out = await answer(self.app, scope, body)
             name, path = _name_path(body)
             if out.status == 200 and name is not None:
+                self.generation += 1
                 if scope.get("path") == LOAD_PATH and path is not None:
                     self.applied[name] = path
                 else:
@@ -156,6 +162,7 @@ class ReplicaAdapters:
             "body": out.body,
             "content_type": out.content_type,
             "lora_adapters": self.listed(),
+            GENERATION: self.generation,
         }
 
     async def start(self) -> None:
@@ -202,7 +209,9 @@ class ReplicaAdapters:
     async def _send(self, path: str, name: str, lora_path: str | None = None) -> bool:
         fields = {"lora_name": name} | ({"lora_path": lora_path} if lora_path else {})
         out = await answer(self.app, self._scope(path), json.dumps(fields).encode())
-        if out.status != 200:
+        if out.status == 200:
+            self.generation += 1
+        else:
             log.warning("adapter %r from the book: %s answered %d: %s", name, path, out.status,
                         out.body[:500].decode(errors="replace"))  # fmt: skip
         return out.status == 200
@@ -278,12 +287,24 @@ class AdapterChanges:
         return out
 
     def _tell_routers(self, answers: list[dict[str, Any] | str]) -> None:
-        adapters = {a["replica"]: a["lora_adapters"] for a in answers if isinstance(a, dict)}
+        adapters = {
+            a["replica"]: {"lora_adapters": a["lora_adapters"], GENERATION: a[GENERATION]}
+            for a in answers
+            if isinstance(a, dict)
+        }
         for engine in self.engines:
             listener = BOOK.adapter_listeners.get(engine.deployment_name)
             if listener is not None:
                 with contextlib.suppress(Exception):
                     listener(adapters)
+
+
+def fresher(known: dict[str, Any], stats: dict[str, Any]) -> dict[str, Any]:
+    """A replica's routing stats, but with the adapters its router was told after a change
+    when the stats were recorded before that change (they would hash with the old ones)."""
+    if known.get(GENERATION, 0) > stats.get(GENERATION, 0):
+        return {**stats, "lora_adapters": known.get("lora_adapters"), GENERATION: known[GENERATION]}
+    return stats
 
 
 def _relayed(answer: dict[str, Any] | str) -> Response:

@@ -39,7 +39,7 @@ from starlette.types import Message
 
 from kvserve.cli.engine_options import engine_args_from
 from kvserve.cli.serve import API_KEY_ENV, limits_from
-from kvserve.ray.adapters import ReplicaAdapters
+from kvserve.ray.adapters import GENERATION, ReplicaAdapters
 from kvserve.ray.asgi import run_asgi
 from kvserve.ray.options import parse_serve_argv
 from kvserve.router.forward import CachedTokens
@@ -166,6 +166,7 @@ class KVServeReplica:
             "kvserve": {
                 **(state.kv_metadata or {}),
                 "lora_adapters": adapters,  # their identities: the router hashes with them
+                GENERATION: self.adapters.generation,  # how many run-time changes made them
                 "boot": self.boot,
                 "host": self.host,
                 "kv": kv,

@@ -57,6 +57,7 @@ from ray.serve.request_router import (
 
 from kvserve.model.checkpoint.tokenizer import load_tokenizer
 from kvserve.ray import book
+from kvserve.ray.adapters import fresher
 from kvserve.ray.book import ViewStats
 from kvserve.request_limits import LimitError, PromptLimits, decode_body
 from kvserve.router.follower import EventFollower
@@ -139,18 +140,19 @@ class KVServeRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
                 continue  # not advertised yet: Serve's choice until it is
             known = self.followed.get(replica_id)
             if known is not None and known.boot == info["boot"]:
-                known.info = info
+                known.info = fresher(known.info, info)
                 continue
             if known is not None:
                 self._forget(replica_id)
             self._follow(replica_id, info)
 
     def learn_adapters(self, adapters: dict[str, Any]) -> None:
-        """Replica (Serve's unique id) -> its adapters now, told by the ingress after a
-        run-time change (before the next routing stats say so): hashed with at once."""
+        """Replica (Serve's unique id) -> its adapters now and its count of changes, told by
+        the ingress after a run-time change (before the routing stats say so): hashed with
+        at once (kvserve.ray.adapters)."""
         for replica_id, followed in list(self.followed.items()):
             if replica_id.unique_id in adapters:
-                followed.info = {**followed.info, "lora_adapters": adapters[replica_id.unique_id]}
+                followed.info = {**followed.info, **adapters[replica_id.unique_id]}
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
