@@ -252,14 +252,17 @@ class AdapterChanges:
                           None)  # fmt: skip
             if load and failed is not None and done and name is not None:
                 undo = json.dumps({"lora_name": name}).encode()
-                unload_scope = {**scope, "path": UNLOAD_PATH, "raw_path": UNLOAD_PATH.encode()}
+                headers = [(k, v) for k, v in scope.get("headers", ())
+                           if k.lower() != b"content-length"]  # fmt: skip
+                unload_scope = {**scope, "path": UNLOAD_PATH, "raw_path": UNLOAD_PATH.encode(),
+                                "headers": headers}  # fmt: skip
                 listed = await self._broadcast(unload_scope, undo, [a["replica"] for a in done])
                 answers += listed
                 done = []
             if name is not None and load and failed is None and path is not None:
                 await self.book.put.remote(name, path)
-            elif name is not None and not load and (done or failed is None):
-                await self.book.drop.remote(name)
+            elif name is not None and not load and (done or _all_refused(answers)):
+                await self.book.drop.remote(name)  # also one no replica could load
             self._tell_routers(answers)
         if failed is not None and not (not load and done):
             return _relayed(failed)
@@ -297,6 +300,12 @@ class AdapterChanges:
             if listener is not None:
                 with contextlib.suppress(Exception):
                     listener(adapters)
+
+
+def _all_refused(answers: list[dict[str, Any] | str]) -> bool:
+    """Every replica answered that it does not serve the name (400), none failed otherwise
+    (a 401 without the key leaves the book as it is)."""
+    return all(isinstance(a, dict) and a["status"] == 400 for a in answers)
 
 
 def fresher(known: dict[str, Any], stats: dict[str, Any]) -> dict[str, Any]:

@@ -81,13 +81,20 @@ def test_an_adapter_request_through_serve_is_the_adapters_answer(served, demo, a
     assert served.total("prediction_exact_total") >= 2
 
 
-def _replicas() -> dict[str, object]:
-    """The application's engine replicas' actors, by Serve's replica id."""
+def _replicas(deployment: str = "kvserve-engine") -> dict[str, object]:
+    """The application's replicas' actors of a deployment, by Serve's replica id."""
     return {
         a["name"].rsplit("#", 1)[-1]: ray.get_actor(a["name"], namespace=a["namespace"])
         for a in ray.util.list_named_actors(all_namespaces=True)
-        if f"{APP}#kvserve-engine#" in a["name"]
+        if f"{APP}#{deployment}#" in a["name"]
     }
+
+
+def _book() -> dict[str, str]:
+    from ray import serve
+
+    _, _, entries = serve.get_deployment_handle("kvserve-adapters", APP).read.remote().result()
+    return entries
 
 
 def _adapters_by_replica() -> dict[str, set[str]]:
@@ -98,6 +105,13 @@ def _adapters_by_replica() -> dict[str, set[str]]:
         replica: {e["name"] for e in s["kvserve"]["lora_adapters"]}
         for replica, s in zip(actors, stats, strict=True)
     }
+
+
+def _book_or_none() -> dict[str, str] | None:
+    try:
+        return _book()
+    except Exception:  # Serve is starting the book's replica again
+        return None
 
 
 def _change(served, what: str, body: dict, key: bool = True) -> httpx.Response:
@@ -165,6 +179,11 @@ def test_a_replica_serve_starts_again_has_the_run_time_adapter(served, later):
     made, _ = later
     answer = _change(served, "load", {"lora_name": "later", "lora_path": made.path})
     assert answer.status_code in (200, 400), answer.text  # 400: loaded by the test before
+    assert _book() == {"later": made.path}
+    # The book's replica killed: Serve's new one is taught the adapters by the replicas.
+    (book,) = _replicas("kvserve-adapters").values()
+    ray.kill(book, no_restart=True)
+    wait_for(lambda: _book_or_none() == {"later": made.path}, 120, "the book taught again")
     before = _replicas()
     victim = next(iter(before))
     ray.kill(before[victim], no_restart=True)
