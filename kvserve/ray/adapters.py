@@ -35,7 +35,7 @@ import logging
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi.responses import Response
 from ray.serve.handle import DeploymentHandle
@@ -56,6 +56,7 @@ BOOK_TIMEOUT_SECONDS = 30.0
 """A starting replica waits this long for the book (Serve restarting it), then starts
 without the run-time adapters and takes them when it next looks."""
 
+T = TypeVar("T")
 GENERATION = "lora_generation"
 """In a replica's routing stats and its answers to a change: how many changes it has made."""
 Entries = dict[str, str]
@@ -314,6 +315,23 @@ def fresher(known: dict[str, Any], stats: dict[str, Any]) -> dict[str, Any]:
     if known.get(GENERATION, 0) > stats.get(GENERATION, 0):
         return {**stats, "lora_adapters": known.get("lora_adapters"), GENERATION: known[GENERATION]}
     return stats
+
+
+def serving(candidates: list[T], infos: list[dict[str, Any] | None], args: list[Any]) -> list[T]:
+    """The candidates (their router's infos alongside) that serve the adapter a forwarded
+    request's `model` names, as `kvserve route` sends an adapter request only to replicas
+    that list it: needed only where they differ (one could not load an adapter of the book,
+    its node lacking the path), so the body is read only then. All of them when none lists
+    the name (the base model, or a name they all refuse)."""
+    names = [{e.get("name") for e in (i or {}).get("lora_adapters") or ()} for i in infos]
+    if all(n == names[0] for n in names) or len(args) != 2 or not isinstance(args[1], bytes):
+        return candidates
+    try:
+        model = decode_body(args[1]).get("model")
+    except LimitError:
+        return candidates
+    listed = [c for c, n in zip(candidates, names, strict=True) if model in n]
+    return listed or candidates
 
 
 def _relayed(answer: dict[str, Any] | str) -> Response:

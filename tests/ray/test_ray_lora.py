@@ -219,6 +219,9 @@ def test_a_failed_load_is_undone_on_every_replica(served, demo, tmp_path):
     answer = _change(served, "load", body)
     assert answer.status_code == 400 and "half" in answer.json()["error"]["message"]
     assert "half" not in _adapters_by_replica()[second]  # its load was undone
+    # The replicas differ now: the adapter's requests go only to the one that serves it.
+    answers = _ask_all(served, "half", "half-0")
+    assert {(status, replica) for status, _, replica in answers} == {(200, first)}, answers
     with client(served.url) as c:
         assert "missing" not in {m.id for m in c.models.list().data}
 
