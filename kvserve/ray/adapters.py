@@ -136,8 +136,8 @@ class ReplicaAdapters:
     api_key: str | None
     applied: Entries = field(default_factory=dict)
     seen: tuple[str, int] = ("", -1)
-    failed: set[tuple[str, str]] = field(default_factory=set)
-    """Book entries this replica could not load (not tried again until the book changes)."""
+    """The book's (epoch, version) this replica last reconciled with: an entry it could not
+    load is tried again when the book next changes."""
     generation: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     looking: asyncio.Task[None] | None = None
@@ -198,14 +198,9 @@ class ReplicaAdapters:
             for name, path in list(self.applied.items()):
                 if entries.get(name) != path and await self._send(UNLOAD_PATH, name):
                     del self.applied[name]
-            self.failed &= set(entries.items())
             for name, path in entries.items():
-                if name in self.applied or (name, path) in self.failed:
-                    continue
-                if await self._send(LOAD_PATH, name, path):
+                if name not in self.applied and await self._send(LOAD_PATH, name, path):
                     self.applied[name] = path
-                else:
-                    self.failed.add((name, path))
 
     async def _send(self, path: str, name: str, lora_path: str | None = None) -> bool:
         fields = {"lora_name": name} | ({"lora_path": lora_path} if lora_path else {})
