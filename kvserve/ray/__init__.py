@@ -14,7 +14,9 @@ router/prompts.py and routing/ in Serve's request-router API, Serve's Power-of-T
 where it cannot predict); the ingress's /metrics and the predictions checked against the
 answers (book.py); prefill on one replica, decode on another (the builder's `prefill` and
 `decode` sections; split.py: each prompt on a prefill replica first, its block server's
-endpoint handed to the decode replica with the request).
+endpoint handed to the decode replica with the request); run-time LoRA adapters (adapters.py:
+a load or unload sent to every replica, kept in the application's adapter book, which a
+replica Serve starts later reads).
 """
 
 from kvserve.ray.app import app, build_app

@@ -4,7 +4,8 @@ or `import_path: kvserve.ray:app` in a Serve config file).
 Two deployments: `kvserve-engine`, the replicas (each one engine; replica.py), with the
 kvserve request router (router.py) in its `request_router_config`, its `ray_actor_options`
 and `autoscaling_config` as given; and `kvserve-ingress` in front (ingress.py), the route
-Serve's proxy sends to, which holds the handle the router chooses for.
+Serve's proxy sends to, which holds the handle the router chooses for. With LoRA on,
+`kvserve-adapters` (adapters.py): the run-time adapters every replica takes.
 
 With `prefill` and `decode` sections (options.py): `kvserve-prefill` and `kvserve-decode`
 in its place, each with the kvserve request router; the ingress runs each prompt on a
@@ -20,14 +21,16 @@ from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 from ray.serve.deployment import Deployment
 
+from kvserve.ray.adapters import AdapterBook
 from kvserve.ray.ingress import KVServeIngress
-from kvserve.ray.options import SERVE_DEFAULT, RayOptions, ray_options
+from kvserve.ray.options import SERVE_DEFAULT, RayOptions, parse_serve_argv, ray_options
 from kvserve.ray.replica import KVServeReplica
 
 ENGINE = "kvserve-engine"
 PREFILL = "kvserve-prefill"
 DECODE = "kvserve-decode"
 INGRESS = "kvserve-ingress"
+BOOK = "kvserve-adapters"
 ROUTER_CLASS = "kvserve.ray.router:KVServeRequestRouter"
 
 
@@ -43,12 +46,31 @@ def build_app(options: RayOptions) -> Application:
         ray_actor_options=options.ingress_ray_actor_options,
         max_ongoing_requests=max(options.max_ongoing_requests * 4, 256),
     )
+    book = _book(options)
     if options.prefill is None:
-        engine = _engine(options, ENGINE).bind(options.serve_argv)
-        return ingress.bind(engine, options.max_request_bytes)
-    decode = _engine(options, DECODE).bind(options.serve_argv, "decode")
-    prefill = _engine(options.prefill, PREFILL).bind(options.prefill.serve_argv, "prefill")
-    return ingress.bind(decode, options.max_request_bytes, prefill, options.prefill_min_tokens)
+        engine = _engine(options, ENGINE).bind(options.serve_argv, "both", book)
+        return ingress.bind(engine, options.max_request_bytes, book=book)
+    decode = _engine(options, DECODE).bind(options.serve_argv, "decode", book)
+    prefill = _engine(options.prefill, PREFILL).bind(options.prefill.serve_argv, "prefill", book)
+    return ingress.bind(
+        decode, options.max_request_bytes, prefill, options.prefill_min_tokens, book=book
+    )
+
+
+def _book(options: RayOptions) -> Application | None:
+    """The run-time adapters' book (adapters.py), where the replicas serve adapters."""
+    sections = [options] if options.prefill is None else [options, options.prefill]
+    if not any(_lora(section.serve_argv) for section in sections):
+        return None
+    book = _deployment(AdapterBook).options(
+        name=BOOK, num_replicas=1, ray_actor_options={"num_cpus": 0}
+    )
+    return book.bind()
+
+
+def _lora(serve_argv: list[str]) -> bool:
+    args = parse_serve_argv(serve_argv)
+    return bool(args.enable_lora or args.lora_modules)
 
 
 def _engine(options: RayOptions, name: str) -> Deployment:

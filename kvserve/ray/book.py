@@ -44,6 +44,9 @@ class RoutingBook:
         """Deployment -> its request router's views (one router per engine deployment)."""
         self.predictors: dict[str, Predictor] = {}
         """Deployment -> its request router's `best_hit` (the prefill/decode split's)."""
+        self.adapter_listeners: dict[str, Callable[[dict[str, Any]], None]] = {}
+        """Deployment -> its request router's `learn_adapters` (replica -> its adapters,
+        told after a run-time load or unload: kvserve.ray.adapters)."""
 
         def counter(name: str, doc: str) -> Counter:
             return Counter(f"{PREFIX}{name}", doc, ["replica"], registry=self.registry)

@@ -12,6 +12,9 @@ With prefill and decode deployments (the builder's `prefill`/`decode`), a reques
 prompt first runs on a prefill replica (split.py), whose endpoint goes with the request to
 the decode replica.
 
+POST /v1/load_lora_adapter and /v1/unload_lora_adapter go to every engine replica
+(adapters.py), the change then written in the application's adapter book.
+
 GET /metrics answers this ingress's routing book (book.py): per replica, what was sent and
 predicted and whether the predictions held, the router's views, each replica's KV numbers.
 """
@@ -30,6 +33,7 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from starlette.requests import Request
 from starlette.types import Message
 
+from kvserve.ray.adapters import ADAPTER_PATHS, AdapterChanges
 from kvserve.ray.asgi import app_path, forwarded_scope
 from kvserve.ray.book import BOOK
 from kvserve.ray.split import PrefillFirst
@@ -52,6 +56,7 @@ class KVServeIngress:
         max_request_bytes: int,
         prefill: DeploymentHandle | None = None,
         prefill_min_tokens: int = 0,
+        book: DeploymentHandle | None = None,
     ) -> None:
         self.engine = engine.options(stream=True)
         self.max_request_bytes = max_request_bytes
@@ -60,6 +65,8 @@ class KVServeIngress:
             if prefill is not None
             else None
         )
+        engines = [engine] if prefill is None else [engine, prefill]
+        self.adapters = AdapterChanges(engines, book) if book is not None else None
 
     async def __call__(self, request: Request) -> Response:
         if app_path(request.scope) == "/metrics" and request.method == "GET":
@@ -70,6 +77,9 @@ class KVServeIngress:
             if len(body) > self.max_request_bytes:
                 break
         scope = forwarded_scope(request.scope)
+        path = scope.get("path")
+        if self.adapters is not None and path in ADAPTER_PATHS and request.method == "POST":
+            return await self.adapters.change(scope, bytes(body))
         producer = None
         if self.split is not None and request.method == "POST":
             producer = await self.split.run(scope, bytes(body))

@@ -11,6 +11,9 @@ Ray's own: where its KV events are published, and how the router learns it.
   hands the answers to the request routers) carries this replica's /kv-metadata (the event
   endpoints, the checkpoint, the hashing), a boot id (a replica restarted in place is
   followed from scratch) and its KV numbers for the ingress's /metrics.
+- Run-time LoRA adapters (kvserve.ray.adapters): a load or unload the ingress broadcasts
+  (`adapter_change`), and the application's adapter book read before the first request
+  and whenever it changes, so a replica Serve starts later serves them too.
 - Health: `check_health` raises once the engine thread died, so Serve replaces the replica.
 - Prefill and decode (the builder's `prefill`/`decode` sections): a prefill replica is a KV
   transfer producer serving its CPU tier's blocks on this node's address, on a port ZMQ
@@ -30,10 +33,13 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import ray
+from ray import serve
+from ray.serve.handle import DeploymentHandle
 from starlette.types import Message
 
 from kvserve.cli.engine_options import engine_args_from
 from kvserve.cli.serve import API_KEY_ENV, limits_from
+from kvserve.ray.adapters import GENERATION, ReplicaAdapters
 from kvserve.ray.asgi import run_asgi
 from kvserve.ray.options import parse_serve_argv
 from kvserve.router.forward import CachedTokens
@@ -71,7 +77,9 @@ def transfer_role(role: str, host: str) -> str:
 class KVServeReplica:
     """The engine deployment's class (deployed by app.py with the builder's options)."""
 
-    def __init__(self, serve_argv: list[str], role: str = "both") -> None:
+    async def __init__(  # type: ignore[misc]  # Serve awaits an async constructor
+        self, serve_argv: list[str], role: str = "both", book: DeploymentHandle | None = None
+    ) -> None:
         if role not in ROLES:
             raise ValueError(f"role {role!r}: one of {', '.join(ROLES)}")
         args = parse_serve_argv(serve_argv)
@@ -95,6 +103,14 @@ class KVServeReplica:
         self.producers = tiers.producers if tiers is not None else None
         """A decode replica's producers (told of with each request)."""
         self.served.engine.start()
+        self.adapters = ReplicaAdapters(
+            self.app,
+            serve.get_replica_context().replica_id.unique_id,
+            lambda: self._listed(),
+            book if self.served.state.adapters is not None else None,
+            api_key,
+        )
+        await self.adapters.start()  # the run-time adapters, before the first request
         log.info("replica %s: serving %s", self.boot, self.served.llm.model.description)
 
     def _died(self, reason: str) -> None:
@@ -110,6 +126,16 @@ class KVServeReplica:
         async for message in run_asgi(self.app, scope, body):
             yield message
 
+    async def adapter_change(
+        self, scope: dict[str, Any], body: bytes, only: list[str] | None = None
+    ) -> dict[str, Any] | None:
+        """A run-time load or unload, sent by the ingress to every replica (adapters.py)."""
+        return await self.adapters.change(scope, body, only)
+
+    def _listed(self) -> list[dict[str, str]]:
+        adapters = self.served.state.adapters
+        return adapters.metadata() if adapters is not None else []
+
     async def prefill(self, scope: dict[str, Any], body: bytes) -> dict[str, Any]:
         """Run a request's one-token copy (the ingress's prefill/decode split): its status,
         the cached tokens it reported, and where this replica serves the prompt's blocks."""
@@ -121,8 +147,10 @@ class KVServeReplica:
                 cached.feed(message.get("body", b""))
         return {"status": status, "cached_tokens": cached.cached, "producer": self.producer}
 
-    def record_routing_stats(self) -> dict[str, Any]:
-        """What the request routers know this replica by (see the module docstring)."""
+    async def record_routing_stats(self) -> dict[str, Any]:
+        """What the request routers know this replica by (see the module docstring); and a
+        look at the adapter book (on the replica's loop, where the adapters change)."""
+        self.adapters.look_soon()
         state = self.served.state
         snap = state.metrics.snapshot if state.metrics is not None else None
         kv = dataclasses.asdict(snap) if snap is not None else {}
@@ -133,11 +161,12 @@ class KVServeReplica:
         for name in ("blocks_received", "blocks_served"):
             if transfer is not None and name in transfer:
                 kv[f"transfer_{name}"] = transfer[name]
-        adapters = state.adapters.metadata() if state.adapters is not None else []
+        adapters = self._listed()
         return {
             "kvserve": {
                 **(state.kv_metadata or {}),
                 "lora_adapters": adapters,  # their identities: the router hashes with them
+                GENERATION: self.adapters.generation,  # how many run-time changes made them
                 "boot": self.boot,
                 "host": self.host,
                 "kv": kv,

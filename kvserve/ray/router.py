@@ -19,6 +19,8 @@ the same code:
   each replica's predicted hit and its load as this router sent it (running; prompt tokens
   less the hit), counted from the choice (requests that arrive together see each other)
   until the answer ends (Serve tells a router no earlier than that);
+- sends an adapter request only to replicas that serve the adapter, where they differ
+  (kvserve.ray.adapters.serving);
 - falls back to Serve's own Power-of-Two choice where it cannot predict: no replica's view in
   sync, not a generation request, or a prompt it cannot read. A replica whose view is not in
   sync while others are counts a hit of 0 for the policy, as in `kvserve route`.
@@ -57,6 +59,7 @@ from ray.serve.request_router import (
 
 from kvserve.model.checkpoint.tokenizer import load_tokenizer
 from kvserve.ray import book
+from kvserve.ray.adapters import fresher, serving
 from kvserve.ray.book import ViewStats
 from kvserve.request_limits import LimitError, PromptLimits, decode_body
 from kvserve.router.follower import EventFollower
@@ -124,6 +127,7 @@ class KVServeRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         name = self._deployment_id.name
         book.BOOK.views[name] = self.view_stats
         book.BOOK.predictors[name] = self.best_hit
+        book.BOOK.adapter_listeners[name] = self.learn_adapters
 
     # -- Serve's replica set --------------------------------------------------------
 
@@ -138,11 +142,19 @@ class KVServeRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
                 continue  # not advertised yet: Serve's choice until it is
             known = self.followed.get(replica_id)
             if known is not None and known.boot == info["boot"]:
-                known.info = info
+                known.info = fresher(known.info, info)
                 continue
             if known is not None:
                 self._forget(replica_id)
             self._follow(replica_id, info)
+
+    def learn_adapters(self, adapters: dict[str, Any]) -> None:
+        """Replica (Serve's unique id) -> its adapters now and its count of changes, told by
+        the ingress after a run-time change (before the routing stats say so): hashed with
+        at once (kvserve.ray.adapters)."""
+        for replica_id, followed in list(self.followed.items()):
+            if replica_id.unique_id in adapters:
+                followed.info = {**followed.info, **adapters[replica_id.unique_id]}
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
@@ -209,6 +221,8 @@ class KVServeRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
         pending_request: PendingRequest | None = None,
     ) -> list[list[RunningReplica]]:
         if pending_request is not None and candidate_replicas:
+            infos = [self._info(r.replica_id) for r in candidate_replicas]
+            candidate_replicas = serving(candidate_replicas, infos, pending_request.args)
             try:
                 ranks = await self._exact(candidate_replicas, pending_request)
             except Exception as exc:
@@ -221,6 +235,10 @@ class KVServeRequestRouter(LocalityMixin, MultiplexMixin, RequestRouter):
             candidate_replicas=candidate_replicas,
             pending_request=pending_request,
         )
+
+    def _info(self, replica_id: ReplicaID) -> dict[str, Any] | None:
+        followed = self.followed.get(replica_id)
+        return followed.info if followed is not None else None
 
     async def _predict(
         self, args: list[Any], keep: bool = False

@@ -140,11 +140,27 @@ def test_prefill_and_decode_sections_build_two_engine_deployments():
     prefill = prefill_app._bound_deployment
     assert (decode.name, prefill.name) == ("kvserve-decode", "kvserve-prefill")
     assert (decode.num_replicas, prefill.num_replicas) == (3, 2)
-    decode_argv, role = decode.init_args
+    decode_argv, role, book = decode.init_args
     assert role == "decode" and "--max-num-seqs=16" in decode_argv
-    prefill_argv, role = prefill.init_args
+    prefill_argv, role, book = prefill.init_args
     assert role == "prefill" and "--max-num-seqs=8" in prefill_argv
     assert "--offload=cpu:64MiB" in prefill_argv
+    assert book is None  # no LoRA: no adapter book
+
+
+def test_with_lora_one_adapter_book_is_bound_to_the_engines_and_the_ingress():
+    """The run-time adapters' book (kvserve.ray.adapters): one replica, no CPU, the same
+    one handed to every engine deployment and to the ingress."""
+    built = app({"model": "demo:random", "enable_lora": True,
+                 "prefill": {"num_replicas": 1, "offload": "cpu:64MiB"},
+                 "decode": {"num_replicas": 2}})  # fmt: skip
+    ingress, decode = deployments(built)
+    prefill = ingress.init_args[2]._bound_deployment
+    book = ingress.init_kwargs["book"]
+    assert decode.init_args[2] is book and prefill.init_args[2] is book
+    assert book._bound_deployment.name == "kvserve-adapters"
+    assert book._bound_deployment.num_replicas == 1
+    assert book._bound_deployment.ray_actor_options["num_cpus"] == 0
 
 
 @pytest.mark.parametrize(
