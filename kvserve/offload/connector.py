@@ -265,7 +265,9 @@ class OffloadConnector:
         Full hash blocks of every attention group, and the state snapshots the
         step took (the plan's state plans). `record` has the request's
         `block_hashes`, `token_ids`, `lora_name` and `cache_salt` (plain data;
-        the tiers' events describe the stored blocks with it).
+        the tiers' events describe the stored blocks with it) and
+        `num_prompt_tokens` (what of it a consumer can pull, kept for it by a
+        producer's tier until pulled).
         """
         full = plan.num_cacheable_blocks
         if not full or not self.store.writable:
