@@ -162,12 +162,12 @@ def stored_per_prompt(ck) -> int:
 @pytest.mark.parametrize("arch", ["llama", "gemma3", "bamba"])
 def test_kept_blocks_reclaimed_under_pressure_are_recomputed(arch, request):
     """More prompts than the producer's CPU tier keeps: its kept blocks are reclaimed, the
-    oldest hold first, before their pull (then the holds left end, 2 s here, and the tier
+    oldest hold first, before their pull (then the holds left end, 1 s here, and the tier
     ends keeping nothing)."""
     ck = model(arch, request)
     one = stored_per_prompt(ck)
     room = one + one // 5  # the last prompt's blocks and the tail of the one before
-    producer = producer_engine(ck, f"cpu:{room}", hold_seconds=2)
+    producer = producer_engine(ck, f"cpu:{room}", hold_seconds=1)
     consumer = consumer_engine(ck, endpoint(producer))
     try:
         run(producer, PROMPTS, 1)
@@ -188,7 +188,7 @@ def test_kept_blocks_reclaimed_under_pressure_are_recomputed(arch, request):
         assert got == [ck.reference(p, NEW) for p in more]
         assert_no_leak(producer, consumer)
         assert cpu_tier(producer).used_bytes <= room
-        deadline = time.monotonic() + 30  # liveness: the 2 s holds end
+        deadline = time.monotonic() + 30  # liveness: the 1 s holds end
         while kept(producer)["blocks"] and time.monotonic() < deadline:
             time.sleep(0.2)
         assert kept(producer)["blocks"] == 0 and kept(producer)["released_by_deadline"] > 0
