@@ -51,7 +51,7 @@ class CpuTier:
             raise ValueError(f"cpu tier capacity must be positive, got {capacity}")
         self.capacity = capacity
         self.hold_seconds = hold_seconds
-        """How long a block put (or `hold`) stays unevictable unless pulled; 0: plain LRU."""
+        """How long a `hold` keeps a block unevictable unless pulled; 0: plain LRU."""
         self.used_bytes = 0
         self._blocks: OrderedDict[bytes, bytes] = OrderedDict()  # not held, LRU first
         self._kept: OrderedDict[bytes, _Kept] = OrderedDict()  # held, oldest hold first
@@ -109,8 +109,8 @@ class CpuTier:
         return evicted
 
     def hold(self, keys: Iterable[bytes]) -> None:
-        """Keep the present `keys` for one more request (a block it did not need to write:
-        a prefix this engine already held); absent keys are skipped."""
+        """Keep the present `keys` for one more request, each until a pull releases it or
+        `hold_seconds` pass (the deadline renewed); absent keys are skipped."""
         if self.hold_seconds <= 0:
             return
         with self._lock:
