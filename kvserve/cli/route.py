@@ -47,6 +47,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "(the decode engine computes it sooner than it would wait there)",
     )
     p.add_argument(
+        "--prefill-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="with --prefill: a prefill engine that has not answered by then is left (its "
+        "request aborted there) and the decode engine computes the prompt (default: 30)",
+    )
+    p.add_argument(
         "--decode",
         action="append",
         default=[],
@@ -100,6 +108,10 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per health check otherwise
     if bool(args.prefill) != bool(args.decode):
         raise ValueError("--prefill and --decode go together (prefill on one, decode on another)")
+    if not 0 < args.prefill_timeout <= 3600:
+        raise ValueError(
+            f"--prefill-timeout must be in (0, 3600] seconds, got {args.prefill_timeout}"
+        )
     if not (args.replica or args.prefill):
         raise ValueError("give the replicas: --replica URL, or --prefill URL and --decode URL")
     state = build_router(
@@ -113,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
         roles={**dict.fromkeys(args.prefill, "prefill"), **dict.fromkeys(args.decode, "decode")},
     )
     state.prefill_min_tokens = args.prefill_min_tokens
+    state.prefill_timeout = args.prefill_timeout
     if serve_router(state, args.host, args.port, args.shutdown_timeout, args.log_level):
         logging.getLogger("kvserve.router").info("stopped")
     return 0

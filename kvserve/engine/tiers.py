@@ -28,6 +28,7 @@ class TierRecord:
     token_ids: list[int]
     lora_name: str | None
     cache_salt: str | None
+    num_prompt_tokens: int
 
 
 class EngineTiers:
@@ -56,7 +57,8 @@ class EngineTiers:
         key_bytes = len(block_key(0, HASH_FUNCTIONS[args.hash_fn](b"")))
         transfer = transfer_config(args)
         remote = remote_tiers(transfer, fingerprint, largest)
-        store = build_store(args.offload, fingerprint, largest, key_bytes, remote)
+        hold = transfer.hold_seconds if transfer and transfer.produces else 0.0
+        store = build_store(args.offload, fingerprint, largest, key_bytes, remote, hold)
         self.transfer = transfer
         self.server = (
             serve_blocks(store, fingerprint, transfer) if transfer and transfer.produces else None
@@ -74,7 +76,11 @@ class EngineTiers:
             req = chunk.request
             rid = req.request_id
             record = TierRecord(
-                manager.block_hashes(rid), req.token_ids, req.lora_name, req.cache_salt
+                manager.block_hashes(rid),
+                req.token_ids,
+                req.lora_name,
+                req.cache_salt,
+                req.num_prompt_tokens,
             )
             self.connector.save(self.block_io, manager.step_plan(rid), record)
 
@@ -102,6 +108,7 @@ class EngineTiers:
         if self.server is not None:
             counts["blocks_served"] = self.server.blocks_served
             counts["bytes_served"] = self.server.bytes_served
+            counts.update(self.connector.store.hold_counts())
         return counts
 
     def transfer_metadata(self) -> dict[str, Any] | None:

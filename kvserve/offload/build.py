@@ -15,6 +15,7 @@ def build_store(
     block_bytes: int = 0,
     key_bytes: int = 0,
     extra: list[Tier] | None = None,
+    hold_seconds: float = 0.0,
 ) -> TierStack:
     """ "cpu:8GiB,disk:/dir:50GiB" (either alone) -> the tiers, fastest first.
 
@@ -22,6 +23,8 @@ def build_store(
     the largest the engine stores) is refused here, naming it: it would store nothing,
     while looking like a cache. So is a disk path that cannot be a tier's directory.
     `extra` tiers go last (a KV transfer producer's, read through the network).
+    `hold_seconds` > 0: the CPU tier keeps what it stores until pulled (a KV transfer
+    producer's: kvserve.offload.cpu_tier).
     """
     tiers: list[Tier] = []
     for option in parse_offload(text) if text else []:
@@ -34,7 +37,7 @@ def build_store(
                 f"{format_size(need)} here; give the tier at least that",
             )
         if option.kind == "cpu":
-            tiers.append(CpuTier(option.capacity))
+            tiers.append(CpuTier(option.capacity, hold_seconds))
             continue
         assert option.path is not None  # TierOptions: a disk tier names its directory
         try:

@@ -23,8 +23,9 @@ out corrupt) in between costs a miss, never a load of missing data.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
 from kvserve.kvcache.plan import StatePlan, StepPlan
@@ -264,7 +265,9 @@ class OffloadConnector:
         Full hash blocks of every attention group, and the state snapshots the
         step took (the plan's state plans). `record` has the request's
         `block_hashes`, `token_ids`, `lora_name` and `cache_salt` (plain data;
-        the tiers' events describe the stored blocks with it).
+        the tiers' events describe the stored blocks with it) and
+        `num_prompt_tokens` (what of it a consumer can pull, kept for it by a
+        producer's tier until pulled).
         """
         full = plan.num_cacheable_blocks
         if not full or not self.store.writable:
@@ -273,32 +276,46 @@ class OffloadConnector:
         hb = self.hash_block_size
         hashes = record.block_hashes
         start = plan.start
-        saved = self._saved.setdefault(plan.request_id, _Saved())
+        saved = self._saved.get(plan.request_id)
+        if saved is None:
+            saved = self._saved[plan.request_id] = _Saved()
+            known = min(start // hb, len(hashes))
+        else:
+            known = 0
         first = max(saved.num_blocks, start // hb)
+        # What a consumer can pull of this prompt (its last token is always computed): each
+        # attention block before that and the state where it ends. A producer's tier keeps
+        # them until pulled (cpu_tier.py), those it held already (`known`) included, each
+        # as it is offered (a later put must not evict it first).
+        pullable = (record.num_prompt_tokens - 1) // hb
+        if known:
+            self.store.hold(
+                [block_key(g.group_id, hashes[i]) for i in range(min(known, pullable))
+                 for g in self.attention]
+            )  # fmt: skip
 
-        def contains(key: bytes) -> bool:  # what this engine's own tiers hold, not a peer's
-            return self.store.contains(key, remote=False)
+        def offer(key: bytes, i: int, read: Callable[[], bytes], keep: bool) -> None:
+            if self.store.contains(key, remote=False):  # this engine's tiers, not a peer's
+                if keep:
+                    self.store.hold([key])
+                return
+            self.store.put(key, read(), record, i, keep)
 
         for i in range(first, full):
             for g in self.attention:
-                key = block_key(g.group_id, hashes[i])
                 k = g.ratio
                 block_id = plan.block_ids[g.group_id][i // k]
-                if not block_id or contains(key):
-                    continue
-                data = io.read(g.group_id, block_id, (i % k) * hb, hb)
-                self.store.put(key, data, record, i)
+                if block_id:
+                    read = partial(io.read, g.group_id, block_id, (i % k) * hb, hb)
+                    offer(block_key(g.group_id, hashes[i]), i, read, i < pullable)
         saved.num_blocks = max(saved.num_blocks, full)
         state_plans: Sequence[StatePlan | None] = plan.state_plans or []
         for g in self.states:
             state = state_plans[g.group_id]
             for offset, page in state.snapshots if state is not None else ():
                 i = (start + offset) // hb - 1
-                key = block_key(g.group_id, hashes[i])
-                if contains(key):
-                    continue
-                data = io.read(g.group_id, page)
-                self.store.put(key, data, record, i)
+                read = partial(io.read, g.group_id, page)
+                offer(block_key(g.group_id, hashes[i]), i, read, i == pullable - 1)
         self.stats.save_seconds += time.perf_counter() - t0
 
     def close(self) -> None:

@@ -110,9 +110,36 @@ class TierStack:
             missing = [i for i in missing if out[i] in (None, False)]
         return out
 
-    def put(self, key: bytes, data: bytes, seq: Any = None, index: int = -1) -> None:
-        """Store in the memory tiers now and in the others from the background thread."""
-        landed = [self._put_into(tier, key, data, seq, index) for tier in self._now]
+    def hold(self, keys: Sequence[bytes]) -> None:
+        """Keep `keys` for one more request in the tiers that keep blocks (a producer's
+        CPU tier: kvserve.offload.cpu_tier); the others ignore it."""
+        for tier in self._now:
+            hold = getattr(tier, "hold", None)
+            if hold is not None:
+                hold(keys)
+
+    def release(self, keys: Sequence[bytes]) -> None:
+        """A consumer pulled `keys`: one hold of each ends."""
+        for tier in self._now:
+            release = getattr(tier, "release", None)
+            if release is not None:
+                release(keys)
+
+    def hold_counts(self) -> dict[str, int]:
+        """The keeping tiers' blocks held now and holds ended, by why (summed)."""
+        total: dict[str, int] = {}
+        for tier in self._now:
+            counts = getattr(tier, "hold_counts", None)
+            for name, value in (counts() if counts is not None else {}).items():
+                total[name] = total.get(name, 0) + value
+        return total
+
+    def put(
+        self, key: bytes, data: bytes, seq: Any = None, index: int = -1, keep: bool = False
+    ) -> None:
+        """Store in the memory tiers now and in the others from the background thread;
+        `keep`: held at once in the tiers that keep blocks (`hold`)."""
+        landed = [self._put_into(tier, key, data, seq, index, keep) for tier in self._now]
         if any(landed):
             self._saved(len(data))
         if self._writer is None:
@@ -123,7 +150,9 @@ class TierStack:
             for tier in self._later:
                 self._drop(tier, "queue", "the queue of writes waiting for it is full")
 
-    def _put_into(self, tier: Tier, key: bytes, data: bytes, seq: Any, index: int) -> bool:
+    def _put_into(
+        self, tier: Tier, key: bytes, data: bytes, seq: Any, index: int, keep: bool = False
+    ) -> bool:
         """Whether the block landed in `tier` (a drop is counted, its cause logged once)."""
         size = tier.stored_size(len(key), len(data))
         if size > tier.capacity:
@@ -133,6 +162,9 @@ class TierStack:
             with self._lock:
                 known = tier.contains(key)
                 evicted = tier.put(key, data)
+                hold = getattr(tier, "hold", None) if keep else None
+                if hold is not None:
+                    hold([key])
                 listener = self.listener
                 if listener is not None:
                     if evicted:

@@ -7,8 +7,10 @@ engine's CPU tier, served to the decode engines (kvserve.transfer). The request 
 then goes, unchanged, to a decode engine (forward.py, which never picks a prefill
 engine): the blocks its own cache lacks it pulls from the producer, and it answers the
 client, streaming or not. Whatever goes wrong with the prefill (an engine down, a 4xx or
-5xx, a timeout) only costs the decode engine the prompt's computation: the answer is
-the same. The decode engine's reported cached tokens include the blocks it pulls: once
+5xx, no answer within `prefill_timeout`: the call is left, which aborts it there) only
+costs the decode engine the prompt's computation: the answer is the same, and
+`kvserve:router_prefill_fallbacks_total` counts it by reason. The decode engine's
+reported cached tokens include the blocks it pulls: once
 the prefill has answered, the prompts are matched again over the events (the prefill
 engine's CPU tier now holds their blocks, and the event mirror counts what a decode
 engine would pull from its producers: kvserve.events.index), so that prediction is
@@ -79,19 +81,32 @@ async def prefill_first(
     replica.running += 1
     state.metrics.requests.labels(replica.url).inc()
     prediction.checked = False  # until matched again after a prefill that answered
+    fallbacks = state.metrics.prefill_fallbacks
     try:
-        answer = await state.http().post(f"{replica.url}{path}", json=copy, headers=headers)
-        if answer.status_code != 200:
-            log.info("prefill on %s answered %d: the decode engine computes the prompt",
-                     replica.url, answer.status_code)  # fmt: skip
+        # Past the deadline the call is cancelled: its connection closes, which aborts the
+        # request on the prefill engine (as a client gone does).
+        answer = await asyncio.wait_for(
+            state.http().post(f"{replica.url}{path}", json=copy, headers=headers),
+            state.prefill_timeout,
+        )
+    except TimeoutError:
+        log.warning("prefill on %s took over %gs: the decode engine computes the prompt",
+                    replica.url, state.prefill_timeout)  # fmt: skip
+        fallbacks.labels(replica.url, "timeout").inc()
+        return
     except httpx.HTTPError as exc:
         log.warning("prefill on %s failed (%s): the decode engine computes the prompt",
                     replica.url, type(exc).__name__)  # fmt: skip
+        fallbacks.labels(replica.url, "failed").inc()
         return
     finally:
         replica.running -= 1
-    if answer.status_code == 200:
-        await _match_again(state, prediction)
+    if answer.status_code != 200:
+        log.info("prefill on %s answered %d: the decode engine computes the prompt",
+                 replica.url, answer.status_code)  # fmt: skip
+        fallbacks.labels(replica.url, "status").inc()
+        return
+    await _match_again(state, prediction)
 
 
 async def _match_again(state: RouterState, prediction: Prediction) -> None:

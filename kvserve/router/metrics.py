@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 PREFIX = "kvserve:router_"
 STAGE_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 """Seconds: routing should cost a millisecond or two; the tail is what to see."""
+FALLBACK_REASONS = ("timeout", "failed", "status")
+"""Why a prefill did not help (disaggregated.py): no answer within --prefill-timeout, the
+call failed (the engine down or its connection lost), an answer other than 200."""
 
 
 class RouterMetrics:
@@ -58,6 +61,12 @@ class RouterMetrics:
         self.unverified = counter(
             "prediction_unverified", "Answers without usage, or requests without a prediction."
         )
+        self.prefill_fallbacks = Counter(
+            f"{PREFIX}prefill_fallbacks",
+            "Prefills that did not help (the prefill engine too slow, failing, or down): the "
+            "decode engine computed the prompt.",
+            ["replica", "reason"], registry=self.registry,
+        )  # fmt: skip
         self.tokenize_seconds = Histogram(
             f"{PREFIX}tokenize_seconds", "Tokenizing a request's prompts to predict its hits.",
             buckets=STAGE_BUCKETS, registry=self.registry,
@@ -66,6 +75,10 @@ class RouterMetrics:
             f"{PREFIX}predict_seconds", "After tokenizing: views up to date, then matched.",
             buckets=STAGE_BUCKETS, registry=self.registry,
         )  # fmt: skip
+        for replica in replicas:
+            if replica.role == "prefill":
+                for reason in FALLBACK_REASONS:
+                    self.prefill_fallbacks.labels(replica.url, reason)
         every = (self.requests, self.retries, self.predicted, self.reported)
         for label in self.labels:  # each series from 0, so rates work from the first scrape
             for series in (*every, self.exact, self.wrong, self.unverified):

@@ -64,6 +64,9 @@ class RouterState:
     prefill_min_tokens: int = 256
     """With prefill engines: a prompt with fewer new tokens is computed by the decode engine
     (disaggregated.py)."""
+    prefill_timeout: float = 30.0
+    """Seconds a prefill engine may take to answer before the decode engine computes the
+    prompt instead (disaggregated.py)."""
     draining: bool = False
     in_flight: int = 0
     """Requests being answered (the drain waits for 0)."""

@@ -7,6 +7,8 @@ refused by name), `kv_role` "kv_producer" (serves its blocks on `kv_ip`:`kv_port
 `kv_port` 0 binds a free port (its endpoint logged; kvserve.ray tells it on). A consumer
 with `discover` true may name no peers: it is told of its producers while it runs (on
 Ray Serve, with each request, the prefill replica that ran its prompt: producers.py).
+A producer keeps each request's blocks in its CPU tier until a consumer has pulled them,
+or `hold_seconds` (30) pass (kvserve.offload.cpu_tier; 0: plain LRU).
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from typing import Any
 ROLES = ("kv_producer", "kv_consumer", "kv_both")
 CONNECTOR = "KvserveConnector"
 KNOWN = {"kv_connector", "kv_role", "kv_ip", "kv_port", "kv_connector_extra_config"}
-EXTRA = {"peers", "timeout_s", "discover"}
+EXTRA = {"peers", "timeout_s", "discover", "hold_seconds"}
+MAX_HOLD_SECONDS = 3600.0
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,9 @@ class KVTransferConfig:
     """How long a consumer waits for a producer's answer before it recomputes."""
     discover: bool = False
     """A consumer told of (more) producers while it runs."""
+    hold_seconds: float = 30.0
+    """How long a producer keeps a request's blocks for a pull that has not come (0: not
+    kept; memory pressure past the held blocks releases the oldest hold first)."""
 
     @property
     def produces(self) -> bool:
@@ -95,5 +101,15 @@ class KVTransferConfig:
         timeout = extra.get("timeout_s", 2.0)
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
             raise ValueError("kv_transfer_config: timeout_s must be > 0")
+        hold = extra.get("hold_seconds", 30.0)
+        if (
+            isinstance(hold, bool)
+            or not isinstance(hold, int | float)
+            or not 0 <= hold <= MAX_HOLD_SECONDS
+        ):
+            raise ValueError(
+                f"kv_transfer_config: hold_seconds must be a number from 0 to "
+                f"{MAX_HOLD_SECONDS:g}, got {hold!r}"
+            )
         ip = str(value.get("kv_ip", "127.0.0.1"))
-        return cls(role, ip, port, tuple(peers), float(timeout), discover)
+        return cls(role, ip, port, tuple(peers), float(timeout), discover, float(hold))

@@ -6,8 +6,10 @@ network only. A request names the fingerprint the consumer's blocks are keyed un
 many as a request's prompt needs (up to MAX_KEYS): one round trip per request, not one
 per block. The answer is a header frame (per key: the payload's xxh3_64, or None for a
 block not held) and then one frame per block held, sent without a copy out of the CPU
-tier, so the consumer can tell a block that arrived whole from one that did not. A
-consumer whose fingerprint differs gets nothing: its blocks would not fit.
+tier, so the consumer can tell a block that arrived whole from one that did not; the
+blocks served are released from the tier's keeping (kvserve.offload.cpu_tier: they were
+held for this pull). A consumer whose fingerprint differs gets nothing: its blocks would
+not fit.
 """
 
 from __future__ import annotations
@@ -84,14 +86,17 @@ class BlockServer:
             raise ValueError(f"unknown op {op!r}")
         checksums: list[int | None] = []
         payloads: list[bytes] = []
-        for data in self.store.get_many(keys, remote=False):
+        served: list[bytes] = []
+        for key, data in zip(keys, self.store.get_many(keys, remote=False), strict=True):
             if data is None:
                 checksums.append(None)
                 continue
             checksums.append(xxhash.xxh3_64_intdigest(data))
             payloads.append(data)
+            served.append(key)
             self.blocks_served += 1
             self.bytes_served += len(data)
+        self.store.release(served)  # pulled: the tier need not keep them any longer
         return [msgspec.msgpack.encode(["ok", checksums]), *payloads]
 
     def close(self) -> None:

@@ -1,6 +1,8 @@
 """A stand-in replica for faults a real one shows only by chance: it answers /health and
 /kv-metadata (a real replica's, edited as a test needs) and drops every other request
-without a byte, as a replica that dies between accepting a connection and answering."""
+without a byte, as a replica that dies between accepting a connection and answering; or,
+with `hang`, never answers it, as a replica stuck mid-request, and counts the requests
+whose client left (`abandoned`)."""
 
 from __future__ import annotations
 
@@ -12,9 +14,13 @@ from typing import Any
 
 
 class StandIn:
-    def __init__(self, info: dict[str, Any]) -> None:
+    def __init__(self, info: dict[str, Any], hang: bool = False) -> None:
         self.info = info
         self.dropped = 0
+        self.hanging = 0
+        """Requests it holds without answering (`hang`)."""
+        self.abandoned = 0
+        """Of those, the ones whose client closed the connection."""
         standin = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -31,7 +37,17 @@ class StandIn:
 
             def do_POST(self) -> None:
                 self.rfile.read(int(self.headers.get("content-length", 0)))
-                self._drop()
+                if not hang:
+                    self._drop()
+                    return
+                standin.hanging += 1
+                self.connection.settimeout(120)
+                try:
+                    if self.rfile.read(1) == b"":  # the client closed its connection
+                        standin.abandoned += 1
+                except OSError:
+                    pass
+                self.close_connection = True
 
             def _answer(self, body: bytes) -> None:
                 self.send_response(200)

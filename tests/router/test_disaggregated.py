@@ -69,6 +69,8 @@ def test_a_split_request_answers_as_one_engine(split):
     served = metric(scrape(prefill), "kvserve:kv_transfer_blocks_served_total")
     assert served >= received > 0
     assert metric(scrape(decode), "kvserve:kv_transfer_blocks_rejected_total") == 0
+    # The prefill engine kept the prompts' blocks for the pulls that released them.
+    assert metric(scrape(prefill), "kvserve:kv_transfer_kept_released_by_pull_total") > 0
     # The event mirror predicted the decode engine's cached tokens, pulled blocks included.
     # (The stream asked for no usage: its cached tokens are not reported, not checked.)
     assert router_value(router, "prediction_exact_total", decode) == 1

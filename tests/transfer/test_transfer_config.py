@@ -19,6 +19,12 @@ BAD = {
     "extra": ({"kv_role": "kv_producer", "kv_connector_extra_config": {"x": 1}}, "takes"),
     "discover": ({"kv_role": "kv_consumer", "kv_connector_extra_config": {"discover": 1}},
                  "discover must be"),
+    "hold-negative": ({"kv_role": "kv_producer",
+                       "kv_connector_extra_config": {"hold_seconds": -1}}, "hold_seconds"),
+    "hold-too-long": ({"kv_role": "kv_producer",
+                       "kv_connector_extra_config": {"hold_seconds": 86400}}, "0 to 3600"),
+    "hold-text": ({"kv_role": "kv_producer",
+                   "kv_connector_extra_config": {"hold_seconds": "30"}}, "hold_seconds"),
 }  # fmt: skip
 
 
@@ -42,6 +48,10 @@ def test_roles():
                                      ).endpoint == "tcp://[::1]:*"  # fmt: skip
     told = {"kv_role": "kv_consumer", "kv_connector_extra_config": {"discover": True}}
     assert KVTransferConfig.from_any(told).peers == ()
+    # A producer keeps a request's blocks 30 s for its pull unless told otherwise (0: not).
+    assert producer.hold_seconds == 30.0
+    unkept = {"kv_role": "kv_producer", "kv_connector_extra_config": {"hold_seconds": 0}}
+    assert KVTransferConfig.from_any(unkept).hold_seconds == 0.0
 
 
 def test_a_producer_without_a_cpu_tier_is_refused(checkpoints):

@@ -3,14 +3,16 @@ nothing is wrong, nothing leaks. Real engines on loopback; the faults on the wir
 from a man in the middle (_tamper.py) between the consumer and a real producer:
 
 - the producer gone mid-transfer (its answers stop): the asks already answered are used,
-  the rest is recomputed after one timeout;
+  the rest is recomputed after one timeout (Llama, Gemma 3's sliding windows, Bamba's
+  Mamba2 states);
 - a payload's bytes flipped, or cut short: that block fails its checksum and is
   recomputed with what follows it, the blocks before it are used (also with sliding
   windows, Gemma 3, and Mamba2 states, Bamba);
 - an answer that lost frames, or with a frame larger than any block (refused unread):
   the whole ask is a miss, recomputed;
-- the producer's kept blocks evicted by memory pressure before the pull (a small CPU
-  tier), also while it keeps prefilling as the consumer pulls;
+- the producer's kept blocks reclaimed by memory pressure before the pull (a CPU tier
+  smaller than the prompts' blocks: the oldest hold gives way), also while it keeps
+  prefilling as the consumer pulls (Llama, Gemma 3, Bamba);
 - a producer slow to answer: the consumer's running requests go on generating meanwhile
   (the pull runs off the engine thread), the waiting one is admitted when its blocks come.
 
@@ -20,60 +22,31 @@ both engines' pools end with every block free and the manager's invariants holdi
 
 from __future__ import annotations
 
-import json
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
+from typing import Any
 
 import pytest
 
 from kvserve import LLM, SamplingParams
-from kvserve.kvcache import check_invariants
 from kvserve.sampling_params import RequestOutputKind
-from tests._ports import free_port
+from tests.transfer._engines import (
+    BS,
+    NEW,
+    PROMPTS,
+    RUN,
+    assert_no_leak,
+    consumer_engine,
+    cpu_tier,
+    endpoint,
+    kept,
+    producer_engine,
+    remote,
+    run,
+)
 from tests.transfer._tamper import Tamper
-
-NEW = 4
-BS = 4
-PROMPTS = [[5 + (11 * i + j) % 240 for j in range(40)] for i in range(6)]
-RUN = (40 - 1) // BS
-"""Hash blocks a consumer can pull for each prompt (the last token is always computed)."""
-
-
-def producer_engine(ck, cpu: str = "cpu:64MiB") -> LLM:
-    config = {"kv_role": "kv_producer", "kv_port": free_port()}
-    return LLM(ck.path, block_size=BS, dtype="float32", num_threads=1, num_kv_blocks=256,
-               offload=cpu, kv_transfer_config=config)  # fmt: skip
-
-
-def consumer_engine(ck, peer: str, timeout_s: float = 1) -> LLM:
-    config = {"kv_role": "kv_consumer",
-              "kv_connector_extra_config": {"peers": [peer], "timeout_s": timeout_s}}  # fmt: skip
-    return LLM(ck.path, block_size=BS, dtype="float32", num_threads=1, num_kv_blocks=256,
-               kv_transfer_config=config)  # fmt: skip
-
-
-def endpoint(producer: LLM) -> str:
-    return producer.engine.tiers.transfer.endpoint
-
-
-def run(engine: LLM, prompts, new: int = NEW) -> list[list[int]]:
-    params = SamplingParams(temperature=0, max_tokens=new, ignore_eos=True)
-    return [o.outputs[0].token_ids for o in engine.generate(prompts, params, use_tqdm=False)]
-
-
-def assert_no_leak(*engines: LLM) -> None:
-    for engine in engines:
-        manager = engine.engine.manager
-        assert manager.pool.num_used == 0, "a block is still held after every request ended"
-        check_invariants(manager)
-
-
-def remote(consumer: LLM):
-    (producers,) = [t for t in consumer.engine.connector.store.tiers if t.medium == "REMOTE"]
-    (tier,) = producers.tiers  # the one peer's RemoteTier
-    return tier
 
 
 def flip(block: int):
@@ -147,39 +120,64 @@ def test_a_frame_larger_than_any_block_is_refused_unread(checkpoints):
     assert stats["external_hit_tokens"] == 0
 
 
-def test_a_producer_gone_mid_transfer_costs_one_timeout(checkpoints):
+def model(arch: str, request) -> Any:
+    """The tiny checkpoint of `arch`: Llama, Gemma 3 (sliding windows), Bamba (Mamba2)."""
+    if arch == "llama":
+        return request.getfixturevalue("checkpoints")["llama"]
+    return request.getfixturevalue(f"{arch}_checkpoint")
+
+
+def blocks_per_run(arch: str) -> int:
+    """Keys a consumer pulls for one prompt's whole run: RUN blocks of each attention group
+    (Gemma 3's six: its sliding windows reach past these prompts), one state per Mamba
+    group (Bamba's three, beside one attention group)."""
+    return {"llama": RUN, "gemma3": 6 * RUN, "bamba": RUN + 3}[arch]
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "bamba"])
+def test_a_producer_gone_mid_transfer_costs_one_timeout(arch, request):
     answered = 2
 
     def die(n: int, frames: list[bytes]) -> list[bytes] | None:
         return frames if n < answered else None
 
-    stats, tier, tamper = transfer(checkpoints["llama"], die)
+    stats, tier, tamper = transfer(model(arch, request), die)
     assert tamper.dead.is_set() and tier.failures == 1
-    # The requests whose blocks came before it died used them; the others recomputed.
+    # The requests whose blocks came before it died used them (every attention block of
+    # the run, each state where it ends); the others recomputed.
     assert stats["external_hit_tokens"] == answered * RUN * BS
-    assert tier.blocks_received == answered * RUN
+    assert tier.blocks_received == answered * blocks_per_run(arch)
 
 
-def block_bytes(ck) -> int:
-    config = json.loads((Path(ck.path) / "config.json").read_text())
-    per_token = config["num_hidden_layers"] * 2 * config["num_key_value_heads"]
-    return per_token * config["head_dim"] * 4 * BS  # float32
+def stored_per_prompt(ck) -> int:
+    """Bytes one of PROMPTS leaves in a producer's CPU tier (each the same)."""
+    producer = producer_engine(ck)
+    try:
+        run(producer, PROMPTS[:1], 1)
+        return cpu_tier(producer).used_bytes
+    finally:
+        producer.shutdown()
 
 
-def test_blocks_evicted_by_memory_pressure_before_the_pull_are_recomputed(checkpoints):
-    ck = checkpoints["llama"]
-    room = RUN + 3  # the last prompt's blocks and the tail of the one before
-    producer = producer_engine(ck, f"cpu:{room * block_bytes(ck)}")
-    assert producer.engine.tiers.block_io.payload_bytes(0, BS) == block_bytes(ck)
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "bamba"])
+def test_kept_blocks_reclaimed_under_pressure_are_recomputed(arch, request):
+    """More prompts than the producer's CPU tier keeps: its kept blocks are reclaimed, the
+    oldest hold first, before their pull (then the holds left end, 1 s here, and the tier
+    ends keeping nothing)."""
+    ck = model(arch, request)
+    one = stored_per_prompt(ck)
+    room = one + one // 5  # the last prompt's blocks and the tail of the one before
+    producer = producer_engine(ck, f"cpu:{room}", hold_seconds=1)
     consumer = consumer_engine(ck, endpoint(producer))
     try:
         run(producer, PROMPTS, 1)
+        assert kept(producer)["released_by_pressure"] > 0
         assert run(consumer, PROMPTS) == [ck.reference(p, NEW) for p in PROMPTS]
         # Only the last prompt's run was still whole: the others begin with evicted blocks.
         assert consumer.stats()["external_hit_tokens"] == RUN * BS
         assert_no_leak(producer, consumer)
 
-        # Under load on both sides: the producer prefills (and evicts) while the
+        # Under load on both sides: the producer prefills (and reclaims) while the
         # consumer pulls; whatever each lookup finds, the tokens are right.
         more = [[7 + (13 * i + j) % 230 for j in range(40)] for i in range(8)]
         run(producer, more[:4], 1)
@@ -189,6 +187,11 @@ def test_blocks_evicted_by_memory_pressure_before_the_pull_are_recomputed(checkp
         busy.join()
         assert got == [ck.reference(p, NEW) for p in more]
         assert_no_leak(producer, consumer)
+        assert cpu_tier(producer).used_bytes <= room
+        deadline = time.monotonic() + 30  # liveness: the 1 s holds end
+        while kept(producer)["blocks"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert kept(producer)["blocks"] == 0 and kept(producer)["released_by_deadline"] > 0
     finally:
         consumer.shutdown()
         producer.shutdown()

@@ -101,7 +101,14 @@ TRANSFER_SERIES = {
     "seconds": "Time spent asking the producers.",
     "blocks_served": "KV blocks this prefill engine served to its consumers.",
     "bytes_served": "Bytes of the KV blocks served to the consumers.",
+    "kept_blocks": "KV blocks this prefill engine keeps for a pull that has not come yet.",
+    "kept_released_by_pull": "Kept KV blocks released by a consumer's pull.",
+    "kept_released_by_deadline": "Kept KV blocks released unpulled at their deadline "
+    "(hold_seconds).",
+    "kept_released_by_pressure": "Kept KV blocks evicted unpulled because the CPU tier was "
+    "full of kept blocks (the consumer recomputes them).",
 }
+TRANSFER_GAUGES = {"kept_blocks"}
 
 
 def transfer_counts(engine: LLMEngine) -> tuple[tuple[str, float], ...] | None:
@@ -116,7 +123,8 @@ def transfer_families(
     p: str, model_name: str, counts: tuple[tuple[str, float], ...]
 ) -> Iterator[Metric]:
     for name, value in counts:
-        family = CounterMetricFamily(
+        kind = GaugeMetricFamily if name in TRANSFER_GAUGES else CounterMetricFamily
+        family = kind(
             f"{p}:kv_transfer_{name}", TRANSFER_SERIES.get(name, name), labels=["model_name"]
         )
         family.add_metric([model_name], value)
