@@ -51,10 +51,11 @@ def build_app(options: RayOptions) -> Application:
         engine = _engine(options, ENGINE).bind(options.serve_argv, "both", book)
         return ingress.bind(engine, options.max_request_bytes, book=book)
     decode = _engine(options, DECODE).bind(options.serve_argv, "decode", book)
-    prefill = _engine(options.prefill, PREFILL).bind(options.prefill.serve_argv, "prefill", book)
-    return ingress.bind(
-        decode, options.max_request_bytes, prefill, options.prefill_min_tokens, book=book
+    prefill = _engine(options.prefill, PREFILL).bind(
+        options.prefill.serve_argv, "prefill", book, options.hold_seconds
     )
+    split = (options.prefill_min_tokens, options.prefill_timeout)
+    return ingress.bind(decode, options.max_request_bytes, prefill, *split, book=book)
 
 
 def _book(options: RayOptions) -> Application | None:

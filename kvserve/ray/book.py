@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from kvserve.router.metrics import PREFIX, gauge, view_families
+from kvserve.router.metrics import FALLBACK_REASONS, PREFIX, gauge, view_families
 
 ViewStats = dict[str, tuple[bool, int, int, dict[str, Any]]]
 """Replica -> (events followed, blocks in its view, views rebuilt, its KV numbers)."""
@@ -63,6 +63,13 @@ class RoutingBook:
         self.wrong = counter("prediction_wrong", "Answers whose cached tokens differ from it.")
         self.unverified = counter(
             "prediction_unverified", "Answers without usage, or requests without a prediction."
+        )
+        self.prefill_fallbacks = Counter(
+            f"{PREFIX}prefill_fallbacks",
+            "Prefills that did not help, by why: " + ", ".join(FALLBACK_REASONS) + " (the "
+            "decode replica computed the prompt).",
+            ["replica", "reason"],
+            registry=self.registry,
         )
         self.registry.register(_Views(self))
 

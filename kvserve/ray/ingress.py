@@ -56,12 +56,13 @@ class KVServeIngress:
         max_request_bytes: int,
         prefill: DeploymentHandle | None = None,
         prefill_min_tokens: int = 0,
+        prefill_timeout: float = 30.0,
         book: DeploymentHandle | None = None,
     ) -> None:
         self.engine = engine.options(stream=True)
         self.max_request_bytes = max_request_bytes
         self.split = (
-            PrefillFirst(prefill, engine.deployment_name, prefill_min_tokens)
+            PrefillFirst(prefill, engine.deployment_name, prefill_min_tokens, prefill_timeout)
             if prefill is not None
             else None
         )

@@ -10,9 +10,12 @@ names it before any replica starts.
 
 Prefill on one replica, decode on another: a `prefill` and a `decode` section (mappings,
 or their JSON on `serve run`'s command line), each the builder's arguments for that
-deployment over the common ones; `prefill_min_tokens` (256) is the split's. The builder
-gives each its KV transfer role (replica.py); a prefill section must keep its blocks in a
-CPU tier (`offload: cpu:SIZE`).
+deployment over the common ones. The split's own (SPLIT_ARGS): `prefill_min_tokens`
+(256), `prefill_timeout` (30 s: a prefill replica that has not answered by then is left,
+and the decode replica computes the prompt, as `kvserve route --prefill-timeout`) and
+`hold_seconds` (30: how long a prefill replica keeps a prompt's blocks for the decode
+replica's pull, kv_transfer_config's). The builder gives each its KV transfer role
+(replica.py); a prefill section must keep its blocks in a CPU tier (`offload: cpu:SIZE`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any, NoReturn
 
 from kvserve.cli import serve as serve_cli
 from kvserve.routing.policy import POLICIES
+from kvserve.transfer.config import KVTransferConfig
 from kvserve.transfer.engine_side import transfer_config
 
 SERVE_DEFAULT = "serve-default"
@@ -38,6 +42,9 @@ NOT_HERE = {
 SECTIONS = ("prefill", "decode")
 APP_WIDE = ("request_router", "ingress_replicas", "ingress_ray_actor_options")
 """Arguments of the whole application, never of a prefill or decode section."""
+SPLIT_ARGS = ("prefill_min_tokens", "prefill_timeout", "hold_seconds")
+"""Arguments of the prefill/decode split (of the whole application, as APP_WIDE)."""
+MAX_PREFILL_TIMEOUT = 3600.0
 SAME_ON_BOTH = ("model", "dtype", "block_size", "hash_fn", "hash_seed", "quantization")
 """What the blocks' fingerprint is made of: a decode replica pulls only blocks that fit."""
 
@@ -72,16 +79,20 @@ class RayOptions:
     """The prefill deployment's options: these are then the decode deployment's."""
     prefill_min_tokens: int = 256
     """A prompt with fewer tokens uncached on the best decode replica skips the prefill."""
+    prefill_timeout: float = 30.0
+    """Seconds the ingress waits for a prefill replica's answer (then decode computes)."""
+    hold_seconds: float = 30.0
+    """Seconds a prefill replica keeps a prompt's blocks unless pulled sooner."""
 
 
 def ray_options(args: dict[str, Any]) -> RayOptions:
     """ValueError naming the argument that is wrong."""
     args = dict(args)
     sections = {name: _section(name, args.pop(name)) for name in SECTIONS if name in args}
-    min_tokens = args.pop("prefill_min_tokens", None)
+    split = {name: args.pop(name) for name in SPLIT_ARGS if name in args}
     if not sections:
-        if min_tokens is not None:
-            raise ValueError("prefill_min_tokens: only with prefill and decode sections")
+        if split:
+            raise ValueError(f"{next(iter(split))}: only with prefill and decode sections")
         return _options(args)
     if len(sections) != 2:
         (given,) = sections
@@ -105,20 +116,49 @@ def ray_options(args: dict[str, Any]) -> RayOptions:
         )
     _check_split(parse_serve_argv(prefill.serve_argv), parse_serve_argv(decode.serve_argv))
     decode.prefill = prefill
-    if min_tokens is not None:
-        try:
-            decode.prefill_min_tokens = int(min_tokens)
-        except (TypeError, ValueError):
-            raise ValueError(f"prefill_min_tokens must be a number, got {min_tokens!r}") from None
-        if decode.prefill_min_tokens < 0:
-            raise ValueError(f"prefill_min_tokens must be >= 0, got {min_tokens!r}")
+    _split_args(decode, split)
     return decode
+
+
+def _split_args(decode: RayOptions, split: dict[str, Any]) -> None:
+    """The split's own arguments onto the decode options, each checked by name."""
+    if "prefill_min_tokens" in split:
+        value = split["prefill_min_tokens"]
+        decode.prefill_min_tokens = int(_number("prefill_min_tokens", value, integer=True))
+        if decode.prefill_min_tokens < 0:
+            raise ValueError(f"prefill_min_tokens must be >= 0, got {value!r}")
+    if "prefill_timeout" in split:
+        decode.prefill_timeout = _number("prefill_timeout", split["prefill_timeout"])
+        if not 0 < decode.prefill_timeout <= MAX_PREFILL_TIMEOUT:
+            raise ValueError(
+                f"prefill_timeout must be in (0, {MAX_PREFILL_TIMEOUT:g}] seconds, "
+                f"got {split['prefill_timeout']!r}"
+            )
+    if "hold_seconds" in split:
+        decode.hold_seconds = _number("hold_seconds", split["hold_seconds"])
+        try:  # kv_transfer_config's own check, with its bounds
+            KVTransferConfig.from_any(
+                {"kv_role": "kv_producer", "kv_connector_extra_config":
+                 {"hold_seconds": decode.hold_seconds}}
+            )  # fmt: skip
+        except ValueError as exc:
+            raise ValueError(str(exc).removeprefix("kv_transfer_config: ")) from None
+
+
+def _number(name: str, value: Any, integer: bool = False) -> float:
+    """A number from YAML or from `serve run`'s strings (ValueError naming the argument)."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        return float(int(value)) if integer else float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, got {value!r}") from None
 
 
 def _section(name: str, value: Any) -> dict[str, Any]:
     section = _deployment_value(name, value)
     for key in section:
-        if key in SECTIONS or key in APP_WIDE or key == "prefill_min_tokens":
+        if key in SECTIONS or key in APP_WIDE or key in SPLIT_ARGS:
             raise ValueError(f"{name}.{key}: an argument of the whole application, not of {name}")
     return dict(section)
 

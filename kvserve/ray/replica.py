@@ -66,11 +66,14 @@ def node_events(config: str | None, host: str) -> str:
     return json.dumps(value)
 
 
-def transfer_role(role: str, host: str) -> str:
+def transfer_role(role: str, host: str, hold_seconds: float = 30.0) -> str:
     """A prefill replica's producer on `host`, on the port ZMQ picks (told in each prefill's
-    answer); a decode replica's consumer, told of its producers with each request."""
+    answer), keeping blocks `hold_seconds` unless pulled; a decode replica's consumer, told
+    of its producers with each request."""
     if role == "prefill":
-        return json.dumps({"kv_role": "kv_producer", "kv_ip": host, "kv_port": 0})
+        extra = {"hold_seconds": hold_seconds}
+        return json.dumps({"kv_role": "kv_producer", "kv_ip": host, "kv_port": 0,
+                           "kv_connector_extra_config": extra})  # fmt: skip
     return json.dumps({"kv_role": "kv_consumer", "kv_connector_extra_config": {"discover": True}})
 
 
@@ -78,7 +81,11 @@ class KVServeReplica:
     """The engine deployment's class (deployed by app.py with the builder's options)."""
 
     async def __init__(  # type: ignore[misc]  # Serve awaits an async constructor
-        self, serve_argv: list[str], role: str = "both", book: DeploymentHandle | None = None
+        self,
+        serve_argv: list[str],
+        role: str = "both",
+        book: DeploymentHandle | None = None,
+        hold_seconds: float = 30.0,
     ) -> None:
         if role not in ROLES:
             raise ValueError(f"role {role!r}: one of {', '.join(ROLES)}")
@@ -88,7 +95,7 @@ class KVServeReplica:
         self.host = ray.util.get_node_ip_address()
         engine_args.kv_events_config = node_events(engine_args.kv_events_config, self.host)
         if role != "both":
-            engine_args.kv_transfer_config = transfer_role(role, self.host)
+            engine_args.kv_transfer_config = transfer_role(role, self.host, hold_seconds)
         api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
         self.served = build_served_engine(
             args, engine_args, limits_from(args), api_key, on_death=self._died

@@ -12,6 +12,7 @@ import yaml
 
 from kvserve.ray import app
 from kvserve.ray.options import ray_options
+from kvserve.ray.replica import transfer_role
 
 pytest.importorskip("ray")
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -132,18 +133,24 @@ def test_prefill_and_decode_sections_build_two_engine_deployments():
     """`prefill`/`decode` (a Serve config's mappings, or JSON on `serve run`'s command line)
     over the common arguments: each its own deployment and role, the split's threshold."""
     built = app({"model": "demo:random", "max_num_seqs": 8, "prefill_min_tokens": "64",
+                 "prefill_timeout": "2.5", "hold_seconds": 90,
                  "prefill": '{"num_replicas": 2, "offload": "cpu:64MiB"}',
                  "decode": {"num_replicas": 3, "max_num_seqs": 16}})  # fmt: skip
-    _, _, prefill_app, min_tokens = built._bound_deployment.init_args
-    assert min_tokens == 64
+    _, _, prefill_app, min_tokens, timeout = built._bound_deployment.init_args
+    assert (min_tokens, timeout) == (64, 2.5)
     _, decode = deployments(built)
     prefill = prefill_app._bound_deployment
     assert (decode.name, prefill.name) == ("kvserve-decode", "kvserve-prefill")
     assert (decode.num_replicas, prefill.num_replicas) == (3, 2)
     decode_argv, role, book = decode.init_args
     assert role == "decode" and "--max-num-seqs=16" in decode_argv
-    prefill_argv, role, book = prefill.init_args
+    prefill_argv, role, book, hold_seconds = prefill.init_args
     assert role == "prefill" and "--max-num-seqs=8" in prefill_argv
+    assert hold_seconds == 90
+    assert json.loads(transfer_role(role, "10.0.0.7", hold_seconds)) == {
+        "kv_role": "kv_producer", "kv_ip": "10.0.0.7", "kv_port": 0,
+        "kv_connector_extra_config": {"hold_seconds": 90},
+    }  # fmt: skip
     assert "--offload=cpu:64MiB" in prefill_argv
     assert book is None  # no LoRA: no adapter book
 
@@ -181,6 +188,15 @@ def test_with_lora_one_adapter_book_is_bound_to_the_engines_and_the_ingress():
         ({"prefill_min_tokens": 8}, "only with prefill and decode"),
         ({"prefill": {"offload": "cpu:64MiB"}, "decode": {}, "prefill_min_tokens": -1},
          "prefill_min_tokens"),
+        ({"prefill_timeout": 5}, "prefill_timeout: only with prefill and decode"),
+        ({"prefill": {"offload": "cpu:64MiB"}, "decode": {}, "prefill_timeout": 0},
+         "prefill_timeout must be in (0, 3600]"),
+        ({"prefill": {"offload": "cpu:64MiB"}, "decode": {}, "prefill_timeout": "soon"},
+         "prefill_timeout must be a number"),
+        ({"prefill": {"offload": "cpu:64MiB"}, "decode": {}, "hold_seconds": -1},
+         "hold_seconds must be a number from 0 to 3600"),
+        ({"prefill": {"offload": "cpu:64MiB", "hold_seconds": 5}, "decode": {}},
+         "prefill.hold_seconds: an argument of the whole application"),
     ],
 )  # fmt: skip
 def test_a_wrong_split_is_refused_when_built(args, named):

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -23,7 +26,10 @@ MIN_TOKENS = 16
 LONG = [[3 + (7 * i + j) % 250 for j in range(40)] for i in range(4)]
 SHORT = [5, 9, 17, 33, 65, 129, 7, 11]
 """Fewer tokens than MIN_TOKENS: computed by the decode replica alone."""
-COMMON = {**ENGINE, "block_size": 4, "dtype": "float32", "prefill_min_tokens": MIN_TOKENS}
+PREFILL_TIMEOUT = 8
+"""Long enough for any prefill of these tiny models on a loaded machine."""
+COMMON = {**ENGINE, "block_size": 4, "dtype": "float32", "prefill_min_tokens": MIN_TOKENS,
+          "prefill_timeout": PREFILL_TIMEOUT}  # fmt: skip
 SPLIT = {
     "prefill": {"num_replicas": 1, "offload": "cpu:64MiB", "health_check_period_s": 1,
                 "ray_actor_options": {"num_cpus": 0.5}},
@@ -133,6 +139,43 @@ def test_a_short_prompt_skips_the_prefill(served):
                           headers={"content-type": "application/json"})  # fmt: skip
         assert resp.status_code == 400 and "message" in resp.json()["error"]
     assert by_role(split, "requests_total", "prefill") == before
+
+
+def replica_processes(app: str, role: str) -> list[int]:
+    """The pids of an application's live replicas of one role (Ray titles a replica's worker
+    process `ray::ServeReplica:<app>:<deployment>`)."""
+    title = f"ServeReplica:{app}:kvserve-{role}".encode()
+    pids = []
+    for entry in os.listdir("/proc"):
+        with contextlib.suppress(OSError):
+            if entry.isdigit() and title in Path(f"/proc/{entry}/cmdline").read_bytes():
+                pids.append(int(entry))
+    return pids
+
+
+def test_a_prefill_replica_that_does_not_answer_costs_the_deadline_only(served):
+    """The prefill replica's process stopped (SIGSTOP): past `prefill_timeout` the ingress
+    leaves the call, and the decode replica computes the prompt; the fallback is counted."""
+    split, ck = served
+    pids = replica_processes("split", "prefill")
+    assert pids, "no prefill replica process found"
+    before = scrape(split)
+    prompt = [t + 50 for t in LONG[2]]  # held by no replica
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        tokens, cached = complete(split.url, prompt)
+        waited = time.monotonic() - started
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+    assert tokens == ck.reference(prompt, NEW) and cached == 0  # computed by decode
+    assert waited >= PREFILL_TIMEOUT  # it did wait for the prefill first
+    after = scrape(split)
+    timeouts = [k for k in after if k.startswith("kvserve:router_prefill_fallbacks_total{")
+                and "reason=timeout" in k]  # fmt: skip
+    assert sum(after[k] - before.get(k, 0.0) for k in timeouts) == 1
 
 
 def test_a_restarted_prefill_replica_is_found_through_ray(served):
