@@ -166,7 +166,8 @@ def print_offline(results: dict, engines: list[str]) -> None:
           f"vLLM row:\n"
           f"{'mode':<16} {'dtype':<9}{head}{'ratio':>8}")  # fmt: skip
     for dtype in {d for _, d in results}:
-        modes = results.get(("kvserve", dtype), {}).get("modes", {})
+        mine = [e for e in engines if e.startswith("kvserve") and (e, dtype) in results]
+        modes = results[(mine[0], dtype)]["modes"] if mine else {}
         for mode in modes:
             cells, rates = "", {}
             for engine in engines:

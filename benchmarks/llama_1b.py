@@ -1,8 +1,8 @@
 """A 1B-parameter model on the CPU: kvserve against llama.cpp, vLLM's CPU build and memory.
 
-Run: .venv/bin/python benchmarks/llama_1b.py [--threads 2] [--repeat 2] [--prompts 4]
+Run: .venv/bin/python benchmarks/llama_1b.py [--threads 2] [--repeat 2] [--rounds 2] [--prompts 4]
          [--tokens 32] [--one-at-a-time gguf gguf+bf16 bfloat16] [--batched bfloat16 float32]
-         [--skip-llama-cpp] [--skip-vllm] [--eager]
+         [--skip-llama-cpp] [--eager]
 
 Why: decode reads every weight once a step, so on a 0.5-3B model the speed of one request
 is the speed of reading the weights; the default model (135M) hides that. The model is
@@ -23,11 +23,19 @@ token ids for every engine, from the default model's tokenizer and chat template
    kvserve against vLLM's CPU build on the HF directory (cpu_vs_vllm.py's workers and its
    set-up: vLLM from its own environment, both with Intel's OpenMP preloaded).
 
-Each row runs in a fresh process (thread settings are process-wide) after a warm-up; the
-table has the median and best of `--repeat` runs. llama.cpp is a benchmark-only
+Each row runs in a fresh process (thread settings are process-wide) after a warm-up,
+`--rounds` times, in opposite orders each round; the table has the median and best of all
+its runs. llama.cpp is a benchmark-only
 dependency (`.venv/bin/pip install llama-cpp-python diskcache`, which compiles for about
 ten minutes on two cores), vLLM's environment is cpu_vs_vllm.py's; rows whose engine is
-missing are skipped, and the script says so.
+missing are skipped, and the script says so. On a CPU with AMX, llama.cpp's AMX kernels
+may crash at the first matmul (SIGSEGV in `ggml_backend_amx_mul_mat`, seen on a virtual
+machine); build it without them, keeping AVX-512:
+
+    CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+      -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON \
+      -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" \
+      .venv/bin/pip install --force-reinstall --no-deps --no-cache-dir llama-cpp-python
 """
 
 from __future__ import annotations
@@ -145,12 +153,17 @@ def one_at_a_time(args: argparse.Namespace, hf: Path, gguf_file: Path, work: Pat
         args.one_at_a_time
     )
     copy = run_child(["copy", str(args.threads), str(args.repeat)], args.threads)["gbs"]
-    results = {}
-    for i, row in enumerate(rows, 1):
-        print(f"[{i}/{len(rows)}] one at a time: {row}", file=sys.stderr, flush=True)
-        model = gguf_file if row == "llama.cpp" or row.startswith("gguf") else hf
-        argv = ["one", row, str(model), str(args.threads), str(work), str(args.repeat)]
-        results[row] = run_child(argv, args.threads)
+    results: dict[str, dict] = {}
+    for round_ in range(args.rounds):  # the rows in opposite orders: a drifting machine
+        order = rows if round_ % 2 == 0 else rows[::-1]  # weighs on every row alike
+        for i, row in enumerate(order, 1):
+            print(f"[round {round_ + 1}, {i}/{len(rows)}] one at a time: {row}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            model = gguf_file if row == "llama.cpp" or row.startswith("gguf") else hf
+            argv = ["one", row, str(model), str(args.threads), str(work), str(args.repeat)]
+            r = run_child(argv, args.threads)
+            results.setdefault(row, {"seconds": [], "tokens": r["tokens"]})
+            results[row]["seconds"] += r["seconds"]
     print(f"\nOne request at a time ({args.prompts} chats x {args.tokens} tokens), output "
           f"tok/s; copy bandwidth {copy:.1f} GB/s with {args.threads} threads:\n"
           f"{'row':<12} {'weights':<22} {'median':>8} {'best':>8} {'vs llama.cpp':>13} "
@@ -184,11 +197,18 @@ def batched(args: argparse.Namespace, hf: Path, requests: list[list[int]]) -> No
         eager=args.eager,
     )  # fmt: skip
     engines = ["kvserve iomp", "vLLM iomp"]
-    results = {}
-    for dtype in args.batched:
-        for engine in engines:
-            print(f"batched: {engine} {dtype}", file=sys.stderr, flush=True)
-            results[(engine, dtype)] = cpu_vs_vllm.run_offline(engine, dtype, options, f.name)
+    results: dict[tuple[str, str], dict] = {}
+    for round_ in range(args.rounds):  # the engines in opposite orders, as above
+        for dtype in args.batched:
+            for engine in engines if round_ % 2 == 0 else engines[::-1]:
+                print(f"batched: {engine} {dtype}", file=sys.stderr, flush=True)
+                r = cpu_vs_vllm.run_offline(engine, dtype, options, f.name)
+                print(json.dumps(r), file=sys.stderr, flush=True)
+                if (engine, dtype) not in results:
+                    results[(engine, dtype)] = r
+                else:
+                    runs = results[(engine, dtype)]["modes"][f"batched {len(requests)}"]
+                    runs["seconds"] += r["modes"][f"batched {len(requests)}"]["seconds"]
     os.unlink(f.name)
     cpu_vs_vllm.print_offline(results, engines)
 
@@ -197,6 +217,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=2, help="rounds in opposite orders")
     parser.add_argument("--prompts", type=int, default=4, help="chats one at a time")
     parser.add_argument("--batch", type=int, default=16, help="chats at once")
     parser.add_argument("--tokens", type=int, default=32, help="output tokens per chat")

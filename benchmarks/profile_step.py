@@ -2,6 +2,7 @@
 
 Run: .venv/bin/python benchmarks/profile_step.py [--dtypes bfloat16 float32] [--threads 2]
          [--quantization none] [--batch 16] [--steps 20] [--top 12]
+         [--model PATH] [--no-prefill]
 
 The default model (SmolLM2-135M-Instruct's GGUF, dequantized), one process per
 dtype. Decode: `--batch` chat requests (cpu_real.py's, 64+ tokens each) are
@@ -93,15 +94,22 @@ def profiled(step, steps: int) -> dict:
 
 
 def worker(
-    dtype: str, threads: int, quantization: str, batch: int, steps: int, onednn: bool
+    dtype: str,
+    threads: int,
+    quantization: str,
+    batch: int,
+    steps: int,
+    onednn: bool,
+    model: str | None = None,
+    prefill_too: bool = True,
 ) -> dict:
     from kvserve import LLM, SamplingParams
     from kvserve.model import loader
 
     if not onednn:  # bfloat16 linears as plain F.linear (the comparison's "before")
-        loader.onednn_available = lambda dtype, device: False
+        loader.onednn_available = lambda *args, **kwargs: False
 
-    llm = LLM(None, dtype=dtype, num_threads=threads, quantization=quantization)
+    llm = LLM(model, dtype=dtype, num_threads=threads, quantization=quantization)
     engine = llm.engine
     long = long_prompt()
     one = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
@@ -113,8 +121,10 @@ def worker(
         while engine.has_unfinished_requests():
             engine.step()
 
-    prefill()  # warm-up
-    result = {"prefill": profiled(prefill, 3)}
+    result = {}
+    if prefill_too:
+        prefill()  # warm-up
+        result["prefill"] = profiled(prefill, 3)
     chats = prompts(False)[0][:batch]
     while len(chats) < batch:
         chats += chats[: batch - len(chats)]
@@ -139,12 +149,14 @@ def main() -> int:
     parser.add_argument(
         "--no-onednn", action="store_true", help="bfloat16 linears unpacked (plain F.linear)"
     )
+    parser.add_argument("--model", help="a checkpoint other than the default model")
+    parser.add_argument("--no-prefill", action="store_true", help="profile decode steps only")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         r = worker(
             args.worker, args.threads, args.quantization, args.batch, args.steps,
-            not args.no_onednn,
+            not args.no_onednn, args.model, not args.no_prefill,
         )  # fmt: skip
         print(json.dumps(r))
         return 0
@@ -155,6 +167,8 @@ def main() -> int:
         cmd = [sys.executable, __file__, "--worker", dtype, "--threads", str(args.threads),
                "--quantization", args.quantization, "--batch", str(args.batch),
                "--steps", str(args.steps), *off]  # fmt: skip
+        cmd += (["--model", args.model] if args.model else []) + (
+            ["--no-prefill"] if args.no_prefill else [])  # fmt: skip
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)
         result = json.loads(proc.stdout.strip().splitlines()[-1])
