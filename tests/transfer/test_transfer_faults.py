@@ -191,7 +191,9 @@ def test_kept_blocks_reclaimed_under_pressure_are_recomputed(arch, request):
         deadline = time.monotonic() + 30  # liveness: the 1 s holds end
         while kept(producer)["blocks"] and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert kept(producer)["blocks"] == 0 and kept(producer)["released_by_deadline"] > 0
+        # Nothing kept is left (which of pull, pressure or deadline ended each hold depends
+        # on the timing; test_transfer_holds.py pins each alone).
+        assert kept(producer)["blocks"] == 0
     finally:
         consumer.shutdown()
         producer.shutdown()
