@@ -97,8 +97,21 @@ def _book() -> dict[str, str]:
     return entries
 
 
+def _running(deployment: str = "kvserve-engine") -> int:
+    """How many of the deployment's replicas Serve has initialized (RUNNING)."""
+    from ray import serve
+
+    app = serve.status().applications.get(APP)
+    if app is None or deployment not in app.deployments:
+        return 0
+    states = app.deployments[deployment].replica_states
+    return sum(n for state, n in states.items() if getattr(state, "value", state) == "RUNNING")
+
+
 def _adapters_by_replica() -> dict[str, set[str]]:
-    """What each replica serves, as it tells the request router (its routing stats)."""
+    """What each replica serves, as it tells the request router (its routing stats); asked
+    of initialized replicas only (a replica Serve is still starting refuses the call)."""
+    wait_for(lambda: _running() == len(_replicas()), 120, "every replica initialized")
     actors = _replicas()
     stats = ray.get([a.record_routing_stats.remote() for a in actors.values()], timeout=60)
     return {
