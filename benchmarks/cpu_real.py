@@ -47,6 +47,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 from machine import machine_line
 
@@ -156,13 +157,18 @@ def worker(engine: str, mode: str, weights: str, threads: int, repeat: int, quic
                     r, max_tokens=new_tokens, temperature=0.0, logit_bias={eos: float("-inf")}
                 )
 
-    run()  # warm-up, not timed
+    return {"seconds": timed_runs(run, repeat), "tokens": len(requests) * new_tokens}
+
+
+def timed_runs(run: Callable[[], None], repeat: int) -> list[float]:
+    """Seconds of each of `repeat` runs, after one untimed warm-up run."""
+    run()
     seconds = []
     for _ in range(repeat):
         t0 = time.perf_counter()
         run()
         seconds.append(time.perf_counter() - t0)
-    return {"seconds": seconds, "tokens": len(requests) * new_tokens}
+    return seconds
 
 
 def have_llama_cpp() -> bool:

@@ -52,7 +52,7 @@ import time
 from pathlib import Path
 
 import cpu_vs_vllm
-from cpu_real import QUESTIONS, SYSTEM, have_llama_cpp
+from cpu_real import QUESTIONS, SYSTEM, have_llama_cpp, timed_runs
 from llama_1b_weights import OUT, ensure, parameters
 from machine import machine_line
 
@@ -104,13 +104,7 @@ def one_request_worker(row: str, model: str, threads: int, work: dict, repeat: i
             for r in requests:
                 llm.generate([r], params, use_tqdm=False)
 
-    run()  # warm-up, not timed
-    seconds = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        run()
-        seconds.append(time.perf_counter() - t0)
-    return {"seconds": seconds, "tokens": len(requests) * new}
+    return {"seconds": timed_runs(run, repeat), "tokens": len(requests) * new}
 
 
 def copy_worker(threads: int, repeat: int) -> dict:

@@ -62,3 +62,13 @@ def remote(consumer: LLM):
     (producers,) = [t for t in consumer.engine.connector.store.tiers if t.medium == "REMOTE"]
     (tier,) = producers.tiers  # the one peer's RemoteTier
     return tier
+
+
+def stored_per_prompt(ck) -> int:
+    """Bytes one of PROMPTS leaves in a producer's CPU tier (each the same)."""
+    producer = producer_engine(ck)
+    try:
+        run(producer, PROMPTS[:1], 1)
+        return cpu_tier(producer).used_bytes
+    finally:
+        producer.shutdown()

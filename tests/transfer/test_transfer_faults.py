@@ -45,6 +45,7 @@ from tests.transfer._engines import (
     producer_engine,
     remote,
     run,
+    stored_per_prompt,
 )
 from tests.transfer._tamper import Tamper
 
@@ -147,16 +148,6 @@ def test_a_producer_gone_mid_transfer_costs_one_timeout(arch, request):
     # the run, each state where it ends); the others recomputed.
     assert stats["external_hit_tokens"] == answered * RUN * BS
     assert tier.blocks_received == answered * blocks_per_run(arch)
-
-
-def stored_per_prompt(ck) -> int:
-    """Bytes one of PROMPTS leaves in a producer's CPU tier (each the same)."""
-    producer = producer_engine(ck)
-    try:
-        run(producer, PROMPTS[:1], 1)
-        return cpu_tier(producer).used_bytes
-    finally:
-        producer.shutdown()
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3", "bamba"])

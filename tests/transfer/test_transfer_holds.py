@@ -17,22 +17,12 @@ from tests.transfer._engines import (
     RUN,
     assert_no_leak,
     consumer_engine,
-    cpu_tier,
     endpoint,
     kept,
     producer_engine,
     run,
+    stored_per_prompt,
 )
-
-
-def stored_per_prompt(ck) -> int:
-    """Bytes one of PROMPTS leaves in a producer's CPU tier (each the same)."""
-    producer = producer_engine(ck)
-    try:
-        run(producer, PROMPTS[:1], 1)
-        return cpu_tier(producer).used_bytes
-    finally:
-        producer.shutdown()
 
 
 def wait_kept_none(producer: LLM, within: float) -> None:
