@@ -90,11 +90,10 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 PACKED_DTYPE_WHY = (
-    "packed layers compute in bfloat16 (torch's int8/int4 kernels vectorize only bfloat16, "
-    "with AVX2 too; float32 inputs take a reference path, 7-36x slower)"
+    "packed layers read and write that dtype, their matmuls int8 activations times the "
+    "packed codes (VNNI or AVX2: no native bfloat16 needed)"
 )
-"""Why `quantization` keeps its matmuls in bfloat16 even without native bfloat16
-(docs/quantization.md has the measurement)."""
+"""What `quantization` does to the matmuls whatever the dtype (docs/quantization.md)."""
 
 
 def cpu_bfloat16_warning(cpu: CpuFeatures) -> str:

@@ -38,7 +38,6 @@ from kvserve.model.quant.gguf_blocks import gguf_packed_layers
 from kvserve.model.quant.onednn_linear import onednn_available, pack_linears
 from kvserve.model.quant.quant_linear import Int4Linear, packed_bytes
 from kvserve.model.quant.quantize import (
-    KERNEL_DTYPE,
     QuantSummary,
     check_quantization,
     linear_modules,
@@ -119,7 +118,7 @@ def install_gguf_layers(
     """Quantization 'gguf': swap in the packed layers (the model is still on the meta
     device) and drop their weights from `located`, so they are never dequantized."""
     summary = QuantSummary("gguf")
-    packed = gguf_packed_layers(reader, located, model, config, KERNEL_DTYPE)
+    packed = gguf_packed_layers(reader, located, model, config)
     for name in linear_modules(model):
         if name not in packed:
             summary.unpacked.append(name)

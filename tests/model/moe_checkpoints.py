@@ -58,7 +58,7 @@ MOE_ARCHS = {
     "mixtral": (
         transformers.MixtralConfig,
         transformers.MixtralForCausalLM,
-        dict(num_hidden_layers=2, intermediate_size=32, num_local_experts=8),
+        dict(num_hidden_layers=2, intermediate_size=64, num_local_experts=8),  # packable widths
     ),
     "olmoe": (
         transformers.OlmoeConfig,

@@ -1,245 +1,179 @@
-"""Linear layers with packed int8 or int4 weights, run by torch's own CPU kernels.
+"""Linear layers with packed 8-bit or 4-bit weights, run by kvserve's C kernel
+(kvserve.model.cpu_kernels.quant_matmul): int8 activations in blocks of 32 times the
+packed codes, integer dot products on VNNI or AVX2.
 
-- int8: one symmetric scale per output channel; `torch._weight_int8pack_mm(x [M, K],
-  weight int8 [N, K], scales [N])` computes x @ (weight * scales[:, None]).T.
-  K must be a multiple of 16: otherwise torch 2.13's bfloat16 kernel returns
-  garbage for one row and crashes the process for several.
-- int4: one scale and one zero per group of `group_size` input columns;
-  `torch.ops.aten._weight_int4pack_mm_for_cpu(x [M, K], packed uint8 [N, K/2], group,
-  scales_and_zeros [K/group, N, 2])` dequantizes code q in 0..15 as
-  (q - 8) * scale + zero. Its limits (torch 2.13): N a multiple of 16, group
-  32, 64, 128 or 256, K a multiple of the group.
+- int8: one symmetric float32 scale per output row, w ~= (code - 128) * scale.
+- int4: one scale and one offset per block of 32 input columns,
+  w ~= code * scale + offset with code 0..15; float16 where that holds the
+  values exactly (kvserve's own quantizer, GGUF's Q4_0 and Q4_1), float32
+  otherwise (Q4_K's products of two scales). No offsets stored means
+  offset = -8 * scale (Q4_0's symmetric blocks): 18 bytes per 32 weights, as
+  the GGUF file.
 
-Both kernels want x 2-D, contiguous, and of the scales' dtype, and both are
-vectorized only for bfloat16 on the CPU: float32 and float16 inputs take a
-reference path 15-40 times slower than the float32 matmul they replace. So a
-layer keeps its scales in its `compute_dtype` (bfloat16 in the engine, float32
-where a test checks a weight bit for bit), casts its input to it and its output
-back. The weights here are what the kernels see; `dequantized()` rebuilds them
-in float32 through the kernel itself (the tests' reference).
+The kernel reads x in float32 or bfloat16 and writes the same dtype, so a
+layer computes in its engine's dtype; the weights' only rounding is the codes'
+and the activations' int8 (llama.cpp's Q8_0 for the input: a relative 1/254 of
+each block's largest value). A row's result never depends on the rows beside it.
+Where the kernel cannot be built (no C compiler, or KVSERVE_CPU_KERNELS=0), a layer
+dequantizes its weight on each call: the same weights, float activations, slow.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 import torch
 from torch import nn
 
-INT4_GROUP_SIZES = (32, 64, 128, 256)
-"""The group sizes the CPU int4 kernel accepts."""
-INT4_ROWS = 16
-"""The CPU int4 packing wants the output rows in multiples of this."""
-INT8_COLUMNS = 16
-"""The CPU int8 kernel runs only input widths that are multiples of this."""
-INT4_STACK_ROWS = 64
-"""The CPU int4 packing's block of rows (64 with AVX-512, 32 with AVX2 or none): a packed
-weight whose rows fill whole blocks can be followed by another's rows as they are."""
-INT4_MM = torch.ops.aten._weight_int4pack_mm_for_cpu.default
-"""The kernel's overload, resolved once (the op packet resolves it on every call)."""
+from kvserve.model.cpu_kernels import quant_matmul
+from kvserve.model.cpu_kernels.quant_layout import BLOCK, CHUNK, fits, pack, unpack
 
-
-def int8_fits(in_features: int) -> bool:
-    """Whether the CPU int8 kernel can run a weight with this many input columns."""
-    return in_features % INT8_COLUMNS == 0
-
-
-def int4_fits(out_features: int, in_features: int, group_size: int) -> bool:
-    """Whether the CPU int4 kernel can run a weight of this shape with this group size."""
-    return (
-        group_size in INT4_GROUP_SIZES
-        and out_features % INT4_ROWS == 0
-        and in_features % group_size == 0
-    )
+__all__ = ["BLOCK", "CHUNK", "Int4Linear", "Int8Linear", "PackedLinear", "fits"]
 
 
 class PackedLinear(nn.Module):
-    """What the two packed layers share: shape, bias, the dtype casts around the kernel."""
+    """What the two packed layers share: the codes and scales, the bias, the kernel call."""
+
+    bits: ClassVar[int]
+    codes: torch.Tensor  # buffers (register_buffer)
+    scales: torch.Tensor
+    offsets: torch.Tensor | None
 
     def __init__(
         self,
-        in_features: int,
-        out_features: int,
+        codes: torch.Tensor,
+        scales: torch.Tensor,
+        offsets: torch.Tensor | None,
         bias: torch.Tensor | None,
-        compute_dtype: torch.dtype,
     ) -> None:
+        """`codes`: the kernel's packed rows (quant_layout.pack)."""
         super().__init__()
-        self.in_features = in_features
-        self.out_features = out_features
-        self.compute_dtype: torch.dtype = compute_dtype
+        self.in_features = codes.shape[1] * 8 // self.bits
+        self.out_features = codes.shape[0]
+        check_width(self.in_features)
+        self.register_buffer("codes", codes, persistent=False)
+        self.register_buffer("scales", scales, persistent=False)
+        self.register_buffer("offsets", offsets, persistent=False)
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+        quant_matmul.enable()  # once per process; cached on disk
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2:
             return self.forward(x.reshape(-1, self.in_features)).view(*x.shape[:-1], -1)
-        out = self.matmul(x.to(self.compute_dtype).contiguous()).to(x.dtype)
+        kernel = quant_matmul.kernel()
+        dtype = x.dtype if x.dtype in (torch.float32, torch.bfloat16) else torch.float32
+        if kernel is None or x.device.type != "cpu":
+            out = nn.functional.linear(x.float(), self.dequantized().to(x.device)).to(x.dtype)
+        else:
+            out = kernel(x.to(dtype).contiguous(), self.codes, self.scales, self.offsets)
+            out = out.to(x.dtype)
         return out if self.bias is None else out.add_(self.bias)
-
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
 
     def layout(self) -> tuple:
         """What layers stacked into one must share."""
-        return (type(self), self.in_features, self.compute_dtype, self.bias is None)
+        return (
+            type(self),
+            self.in_features,
+            self.scales.dtype,
+            self.offsets is None,
+            self.bias is None,
+        )
+
+    @classmethod
+    def stacked(cls, parts: Sequence[PackedLinear]) -> PackedLinear | None:
+        """One layer computing all of `parts` on the same input (their rows, scales and
+        offsets stacked), or None where their widths, scales or biases disagree."""
+        if len({p.layout() for p in parts}) != 1:
+            return None
+        offsets = [p.offsets for p in parts if p.offsets is not None]
+        return cls(
+            torch.cat([p.codes for p in parts]),
+            torch.cat([p.scales for p in parts]),
+            torch.cat(offsets) if offsets else None,
+            stacked_bias(parts),
+        )
 
     def dequantized(self) -> torch.Tensor:
-        """The weight [N, K] the kernel multiplies by, in float32 (one product with I)."""
-        eye = torch.eye(self.in_features, dtype=self.compute_dtype, device=self.device)
-        return self.matmul(eye).t().float()
+        """The weight [N, K] the codes stand for, in float32."""
+        raise NotImplementedError
 
     @property
     def device(self) -> torch.device:
-        raise NotImplementedError
+        return self.codes.device
 
     def extra_repr(self) -> str:
-        dtype = str(self.compute_dtype).removeprefix("torch.")
-        return f"in={self.in_features}, out={self.out_features}, compute={dtype}"
+        scales = str(self.scales.dtype).removeprefix("torch.")
+        return f"in={self.in_features}, out={self.out_features}, scales={scales}"
 
 
 class Int8Linear(PackedLinear):
-    """Per-output-channel symmetric int8: w ~= weight[n, k] * scales[n]."""
+    """Per-output-row symmetric int8: w ~= (code - 128) * scales[n]."""
 
-    weight_int8: torch.Tensor  # buffers (register_buffer)
-    scales: torch.Tensor
-
-    def __init__(
-        self, weight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
-    ) -> None:
-        out_features, in_features = weight.shape
-        if not int8_fits(in_features):
-            raise ValueError(
-                f"int8 cannot run a weight of {in_features} columns (a multiple of "
-                f"{INT8_COLUMNS} is needed)"
-            )
-        super().__init__(in_features, out_features, bias, scales.dtype)
-        self.register_buffer("weight_int8", weight, persistent=False)
-        self.register_buffer("scales", scales, persistent=False)
+    bits = 8
 
     @classmethod
-    def quantize(
-        cls, weight: torch.Tensor, bias: torch.Tensor | None, compute_dtype: torch.dtype
-    ) -> Int8Linear:
+    def quantize(cls, weight: torch.Tensor, bias: torch.Tensor | None) -> Int8Linear:
         """Round each row to 255 levels around 0; its scale maps the row's largest |w| to 127."""
         w = weight.detach().float()
-        absmax = w.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny)
-        scales = (absmax / 127).to(compute_dtype)
-        q = torch.round(w / scales.float()[:, None]).clamp(-127, 127).to(torch.int8)
-        return cls(q, scales, bias)
+        check_width(w.shape[1])
+        scales = w.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127
+        q = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int32)
+        return cls(pack(q + 128, 8), scales, None, bias)
 
-    @classmethod
-    def stacked(cls, parts: list[Int8Linear]) -> Int8Linear | None:
-        """One layer computing all of `parts` on the same input (rows and their scales
-        stacked), or None where their widths, compute dtypes or biases disagree."""
-        if not same_layout(parts):
-            return None
-        weight = torch.cat([p.weight_int8 for p in parts])
-        return cls(weight, torch.cat([p.scales for p in parts]), stacked_bias(parts))
-
-    @property
-    def device(self) -> torch.device:
-        return self.weight_int8.device
-
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        return torch._weight_int8pack_mm(x, self.weight_int8, self.scales)
+    def dequantized(self) -> torch.Tensor:
+        codes = unpack(self.codes.cpu(), self.in_features, 8) - 128
+        return codes.float() * self.scales.cpu().float()[:, None]
 
 
 class Int4Linear(PackedLinear):
-    """Group-wise asymmetric int4: w ~= (q - 8) * scale + zero, per group of input columns."""
+    """Blocks of 32 input columns: w ~= code * scale + offset, code 0..15."""
 
-    packed: torch.Tensor  # buffers (register_buffer)
-    scales_and_zeros: torch.Tensor
-
-    def __init__(
-        self,
-        packed: torch.Tensor,
-        scales_and_zeros: torch.Tensor,
-        bias: torch.Tensor | None,
-        group_size: int,
-    ) -> None:
-        """`packed`: the codes in the kernel's layout ([N, K/2] uint8, from `from_codes`);
-        `scales_and_zeros` [K / group_size, N, 2], in the dtype the layer computes in."""
-        out_features, in_features = packed.shape[0], packed.shape[1] * 2
-        super().__init__(in_features, out_features, bias, scales_and_zeros.dtype)
-        self.group_size = group_size
-        self.register_buffer("packed", packed, persistent=False)
-        self.register_buffer("scales_and_zeros", scales_and_zeros, persistent=False)
+    bits = 4
 
     @classmethod
     def from_codes(
         cls,
         codes: torch.Tensor,
         scales: torch.Tensor,
-        zeros: torch.Tensor,
+        offsets: torch.Tensor | None,
         bias: torch.Tensor | None,
-        group_size: int,
     ) -> Int4Linear:
-        """`codes` int32 [N, K] in 0..15; `scales` and `zeros` [N, K / group_size], in the
-        dtype the layer computes in."""
-        out_features, in_features = codes.shape
-        if not int4_fits(out_features, in_features, group_size):
-            raise ValueError(
-                f"int4 cannot pack a {out_features}x{in_features} weight in groups of "
-                f"{group_size} (rows a multiple of {INT4_ROWS}, group one of "
-                f"{INT4_GROUP_SIZES} dividing the columns)"
-            )
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.contiguous(), 1)
-        pairs = torch.stack((scales, zeros), dim=-1).transpose(0, 1).contiguous()
-        return cls(packed, pairs, bias, group_size)
+        """`codes` [N, K] in 0..15; `scales` and `offsets` [N, K / 32], float16 or float32
+        (offsets None: -8 * scales)."""
+        check_width(codes.shape[1])
+        return cls(pack(codes, 4), scales.contiguous(), offsets, bias)
 
     @classmethod
-    def stacked(cls, parts: list[Int4Linear]) -> Int4Linear | None:
-        """One layer computing all of `parts` on the same input (rows stacked), or None
-        where the packed layout does not allow it: the CPU packing stores rows in blocks
-        of INT4_STACK_ROWS (fewer without AVX-512), so every part but the last must fill
-        whole blocks; groups and compute dtypes must agree."""
-        if not same_layout(parts) or any(p.out_features % INT4_STACK_ROWS for p in parts[:-1]):
-            return None
-        return cls(
-            torch.cat([p.packed for p in parts]),
-            torch.cat([p.scales_and_zeros for p in parts], dim=1),
-            stacked_bias(parts),
-            parts[0].group_size,
-        )
-
-    @classmethod
-    def quantize(
-        cls,
-        weight: torch.Tensor,
-        bias: torch.Tensor | None,
-        group_size: int,
-        compute_dtype: torch.dtype,
-    ) -> Int4Linear:
-        """Each group's range [min, max] in 16 levels (scale and zero rounded to the compute
-        dtype first, so the codes are chosen against the values the kernel will use)."""
+    def quantize(cls, weight: torch.Tensor, bias: torch.Tensor | None) -> Int4Linear:
+        """Each block's range [min, max] in 16 levels, scale and offset in float16: the scale
+        rounded up and the offset down, so the levels still span the range, and the codes
+        chosen against the rounded values."""
         w = weight.detach().float()
         out_features, in_features = w.shape
-        groups = w.view(out_features, in_features // group_size, group_size)
-        low, high = groups.amin(dim=-1), groups.amax(dim=-1)
-        scales = ((high - low) / 15).clamp(min=torch.finfo(torch.float32).tiny)
-        scales = scales.to(compute_dtype)
-        zeros = (low + 8 * scales.float()).to(compute_dtype)
-        q = torch.round((groups - zeros.float()[..., None]) / scales.float()[..., None]) + 8
+        check_width(in_features)
+        blocks = w.view(out_features, in_features // BLOCK, BLOCK)
+        low, high = blocks.amin(dim=-1), blocks.amax(dim=-1)
+        tiny = torch.finfo(torch.float16).tiny
+        scales = ((high - low) / 15 * (1 + 2**-10)).clamp(min=tiny).half()
+        offsets = (low - low.abs() * 2**-10).half()
+        q = torch.round((blocks - offsets.float()[..., None]) / scales.float()[..., None])
         codes = q.clamp(0, 15).to(torch.int32).view(out_features, in_features)
-        return cls.from_codes(codes, scales, zeros, bias, group_size)
+        return cls.from_codes(codes, scales, offsets, bias)
 
-    @property
-    def device(self) -> torch.device:
-        return self.packed.device
-
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        return INT4_MM(x, self.packed, self.group_size, self.scales_and_zeros)
-
-    def layout(self) -> tuple:
-        return (*super().layout(), self.group_size)
-
-    def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, group={self.group_size}"
+    def dequantized(self) -> torch.Tensor:
+        codes = unpack(self.codes.cpu(), self.in_features, 4).float()
+        scales = self.scales.cpu().float()
+        offsets = -8 * scales if self.offsets is None else self.offsets.cpu().float()
+        per_column = codes.view(self.out_features, -1, BLOCK) * scales[..., None]
+        return (per_column + offsets[..., None]).view(self.out_features, self.in_features)
 
 
-def same_layout(parts: Sequence[PackedLinear]) -> bool:
-    """Whether packed layers can be stacked into one: the same kind, input width, compute
-    dtype and group, and a bias on all or none."""
-    return len({p.layout() for p in parts}) == 1
+def check_width(in_features: int) -> None:
+    if not fits(in_features):
+        raise ValueError(
+            f"a packed weight needs a multiple of {CHUNK} input columns, got {in_features}"
+        )
 
 
 def stacked_bias(parts: Sequence[nn.Linear | PackedLinear]) -> torch.Tensor | None:
@@ -251,7 +185,7 @@ def stacked_bias(parts: Sequence[nn.Linear | PackedLinear]) -> torch.Tensor | No
 
 
 def packed_bytes(module: nn.Module) -> int:
-    """Bytes the packed layers of `module` hold (weights, scales, zeros, biases)."""
+    """Bytes the packed layers of `module` hold (codes, scales, offsets, biases)."""
     return sum(
         t.numel() * t.element_size()
         for m in module.modules()

@@ -4,9 +4,9 @@ Modes (`EngineArgs.quantization`):
 
 - none: every weight in the engine's dtype (the default; float32 with `exact`: transformers' bits);
 - int8: per-output-channel symmetric int8 (`Int8Linear`);
-- int4: group-wise int4, groups of 32 input columns (`Int4Linear`); the
-  lm_head, and a layer whose shape the int4 kernel cannot run, get int8 (a
-  layer neither kernel runs stays in the engine's dtype);
+- int4: int4 in blocks of 32 input columns, a float16 scale and offset each
+  (`Int4Linear`); the lm_head gets int8 (a layer whose width the kernel
+  cannot run, not a multiple of 64, stays in the engine's dtype);
 - gguf: a GGUF file's own 4-bit blocks (Q4_0, Q4_1, Q4_K) kept as they are,
   repacked once for the int4 kernel (kvserve.model.quant.gguf_blocks); other types
   are dequantized as with none.
@@ -20,10 +20,9 @@ bits even in int4: 4-bit logits cost SmolLM2 7 % perplexity, 8-bit ones
 0.3 %. Embeddings, norms, convolutions and the attention itself stay in the
 engine's dtype, and so does everything when the mode is none.
 
-The kernels are torch's CPU ones, fast only for bfloat16 inputs, so packed
-layers compute in KERNEL_DTYPE whatever the engine's dtype: with float32,
-the residual stream, attention and KV cache stay float32 and only the packed
-matmuls see bfloat16 inputs. On CUDA every mode but none is refused.
+The kernel is kvserve's own (kvserve.model.cpu_kernels.quant_matmul): it reads
+and writes the engine's dtype (float32 or bfloat16) and quantizes each input
+row to int8 in blocks of 32. On CUDA every mode but none is refused.
 """
 
 from __future__ import annotations
@@ -34,22 +33,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from kvserve.model.quant.quant_linear import (
-    Int4Linear,
-    Int8Linear,
-    PackedLinear,
-    int4_fits,
-    int8_fits,
-)
+from kvserve.model.cpu_kernels import quant_matmul
+from kvserve.model.quant.quant_linear import BLOCK, Int4Linear, Int8Linear, PackedLinear, fits
 
 logger = logging.getLogger(__name__)
 
 QUANTIZATIONS = ("none", "int8", "int4", "gguf")
-INT4_GROUP_SIZE = 32
-"""llama.cpp's block: the finest group the CPU kernel accepts (the best accuracy)."""
-KERNEL_DTYPE = torch.bfloat16
-"""What packed layers compute in: torch's CPU int8/int4 kernels are vectorized only here, on
-an AVX2-only CPU too (no native bfloat16 needed: float32 inputs take a reference path)."""
 
 
 def check_quantization(name: str, device: torch.device) -> None:
@@ -58,7 +47,7 @@ def check_quantization(name: str, device: torch.device) -> None:
         raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {name!r}")
     if name != "none" and device.type != "cpu":
         raise ValueError(
-            f"quantization {name!r} runs torch's CPU kernels only; on {device.type} use "
+            f"quantization {name!r} runs kvserve's CPU kernel only; on {device.type} use "
             "quantization 'none' (the model's dtype)"
         )
 
@@ -77,15 +66,21 @@ class QuantSummary:
     def describe(self) -> str:
         parts = []
         if self.int4:
-            parts.append(f"{len(self.int4)} int4 (groups of {INT4_GROUP_SIZE})")
+            parts.append(f"{len(self.int4)} int4 (blocks of {BLOCK})")
         if self.int8:
             parts.append(f"{len(self.int8)} int8 (per channel)")
         if self.unpacked:
             parts.append(f"{len(self.unpacked)} in the engine's dtype")
         packed = ", ".join(parts) or "no"
+        built, kernel = quant_matmul.enable(), quant_matmul.kernel()
+        how = (
+            f"int8 activations on the {kernel.path} kernel"
+            if kernel is not None
+            else f"weights dequantized per call: no kernel ({built.reason})"
+        )
         return (
             f"quantization {self.mode}: {packed} linear layers, {self.bytes / 2**20:.1f} MiB "
-            f"packed, computing in {str(KERNEL_DTYPE).removeprefix('torch.')}"
+            f"packed, {how}"
         )
 
 
@@ -126,16 +121,16 @@ def quantize_model(model: nn.Module, mode: str) -> QuantSummary:
     for name, (weight_name, bias) in packing_targets(model).items():
         packed: PackedLinear
         weight = model.get_parameter(weight_name)
-        out_features, in_features = weight.shape
+        in_features = weight.shape[1]
         as_int4 = mode == "int4" and name != "lm_head"  # int4 logits cost 7 % perplexity
-        if as_int4 and int4_fits(out_features, in_features, INT4_GROUP_SIZE):
-            packed = Int4Linear.quantize(weight, bias, INT4_GROUP_SIZE, KERNEL_DTYPE)
-            summary.int4.append(name)
-        elif int8_fits(in_features):
-            packed = Int8Linear.quantize(weight, bias, KERNEL_DTYPE)
-            summary.int8.append(name)
-        else:
+        if not fits(in_features):
             summary.unpacked.append(name)
             continue
+        if as_int4:
+            packed = Int4Linear.quantize(weight, bias)
+            summary.int4.append(name)
+        else:
+            packed = Int8Linear.quantize(weight, bias)
+            summary.int8.append(name)
         replace_module(model, name, packed)
     return summary

@@ -7,9 +7,7 @@ import torch
 from torch import nn
 
 from kvserve.model.quant.fusion import LinearParts, stack_linears
-from kvserve.model.quant.quant_linear import INT4_STACK_ROWS, Int4Linear, Int8Linear
-
-BF16 = torch.bfloat16
+from kvserve.model.quant.quant_linear import Int4Linear, Int8Linear
 
 
 def linears(rows: list[int], columns: int = 64, bias: bool = True) -> list[nn.Linear]:
@@ -34,7 +32,7 @@ def test_float_parts_become_one_linear_holding_their_rows():
 
 @pytest.mark.parametrize("bias", [True, False])
 def test_int8_parts_stack_rows_and_scales_exactly(bias):
-    parts = [Int8Linear.quantize(p.weight, p.bias, BF16) for p in linears([48, 16], bias=bias)]
+    parts = [Int8Linear.quantize(p.weight, p.bias) for p in linears([48, 16], bias=bias)]
     fused = stack_linears(parts)
     assert isinstance(fused, Int8Linear) and fused.out_features == 64
     assert torch.equal(fused.dequantized(), torch.cat([p.dequantized() for p in parts]))
@@ -43,11 +41,11 @@ def test_int8_parts_stack_rows_and_scales_exactly(bias):
         assert torch.equal(fused(x), outputs(parts, x))
 
 
-def test_int4_parts_filling_the_packing_blocks_stack_as_packed():
-    """Every part but the last fills whole blocks of rows: the packed bytes follow each
-    other, and the stacked layer's weights are the parts' exactly."""
-    rows = [2 * INT4_STACK_ROWS, INT4_STACK_ROWS, 16]
-    parts = [Int4Linear.quantize(p.weight, p.bias, 32, BF16) for p in linears(rows)]
+def test_int4_parts_stack_rows_exactly():
+    """Packed rows are independent (any count): the stacked layer's weights are the parts'
+    exactly, and so are its outputs (a row's sums do not depend on its neighbours)."""
+    rows = [48, 8, 17]
+    parts = [Int4Linear.quantize(p.weight, p.bias) for p in linears(rows)]
     fused = stack_linears(parts)
     assert isinstance(fused, Int4Linear) and fused.out_features == sum(rows)
     assert torch.equal(fused.dequantized(), torch.cat([p.dequantized() for p in parts]))
@@ -57,13 +55,18 @@ def test_int4_parts_filling_the_packing_blocks_stack_as_packed():
 
 
 def test_parts_that_cannot_stack_run_one_by_one():
-    """Int4 rows that stop inside a packing block, or kinds that differ: LinearParts."""
+    """Kinds that differ, or int4 scales of two dtypes (a GGUF file's Q4_0 and Q4_K):
+    LinearParts."""
     x = torch.randn(2, 64)
-    ragged = [Int4Linear.quantize(p.weight, None, 32, BF16) for p in linears([48, 64], bias=False)]
-    mixed = [ragged[0], Int8Linear.quantize(linears([16])[0].weight, None, BF16)]
-    for parts in (ragged, mixed):
+    int4 = [Int4Linear.quantize(p.weight, None) for p in linears([48, 64], bias=False)]
+    wide = Int4Linear.from_codes(
+        torch.randint(0, 16, (16, 64)), torch.rand(16, 2), torch.rand(16, 2), None
+    )
+    mixed = [int4[0], Int8Linear.quantize(linears([16])[0].weight, None)]
+    for parts in ([int4[0], wide], mixed):
         fused = stack_linears(parts)
         assert isinstance(fused, LinearParts)
         with torch.inference_mode():
             assert torch.equal(fused(x), outputs(parts, x))
-    assert Int4Linear.stacked(ragged) is None
+    assert Int4Linear.stacked([int4[0], wide]) is None
+    assert isinstance(Int4Linear.stacked(int4), Int4Linear)

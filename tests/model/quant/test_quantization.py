@@ -31,9 +31,11 @@ LOGIT_ERROR = {"int8": 0.06, "int4": 0.5}
 """Mean logit error allowed against the float model, relative to its logits' spread
 (measured about 0.03 and 0.3 on the tiny checkpoints' random weights; unrelated logits
 would be near 1.1)."""
-KERNEL_ERROR = 0.04
-"""The same against a float model holding the packed weights: bfloat16 inputs and outputs
-of the kernels only (measured below 0.02; plain bfloat16 makes 0.016)."""
+KERNEL_ERROR = 0.12
+"""The same against a float model holding the packed weights: the kernel's int8 activations
+only (each block of 32 inputs rounded to 1/254 of its largest). Measured 0.017-0.031 on the
+dense and MoE checkpoints, 0.094 on a Qwen3-MoE of Q4_0 experts whose top-k routing flips
+with them; plain bfloat16 makes 0.016."""
 
 
 def runner_for(path, quantization: str = "none") -> ModelRunner:
@@ -92,18 +94,17 @@ def test_every_projection_and_the_lm_head_are_packed(checkpoints, float_logits, 
 
 @pytest.mark.parametrize("fixture", ["gemma3_checkpoint", "bamba_checkpoint"])
 def test_hybrid_models_pack_what_the_kernels_can_run(request, fixture):
-    """Gemma 3 (sliding windows, soft-capped logits) and Bamba (Mamba projections whose
-    widths the int4 kernel may not take: int8 then, or float where neither runs)."""
+    """Gemma 3 (sliding windows, soft-capped logits) and Bamba (Mamba projections): every
+    projection whose width the kernel takes (a multiple of 64) is packed, the rest stay
+    float."""
     path = request.getfixturevalue(fixture).path
     reference = logits_of(runner_for(path))
     runner = runner_for(path, "int4")
     for name, module in linear_modules(runner.model).items():
         weight_shape = (module.out_features, module.in_features)
-        assert weight_shape[1] % 16, f"{name} {weight_shape} could have been packed"
+        assert weight_shape[1] % 64, f"{name} {weight_shape} could have been packed"
     layers = list(runner.model.model.layers.modules())
     assert any(isinstance(m, Int4Linear) for m in layers)
-    if fixture == "bamba_checkpoint":  # in_proj: 328 rows, not a multiple of 16
-        assert any(isinstance(m, Int8Linear) for m in layers)
     assert_runs_its_packed_weights(runner, reference, "int4")
 
 
@@ -115,7 +116,8 @@ def gguf_runners(model, path: Path, qtype: T) -> tuple[ModelRunner, dict[str, to
 @pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1], ids=lambda t: t.name)
 def test_gguf_mode_keeps_4bit_blocks_with_their_rows_in_place(checkpoints, tmp_path, qtype):
     """Llama's q/k rows come back in transformers' order, the codes in the file's: each packed
-    weight is the file's dequantized one, up to the bfloat16 rounding of scale and zero."""
+    weight is the file's dequantized one, bit for bit (float16 scales and offsets, the
+    file's own)."""
     ck = checkpoints["llama"]
     runner, reference = gguf_runners(ck.hf_model, tmp_path / "m.gguf", qtype)
     reference = stacked_state(reference)
@@ -124,8 +126,7 @@ def test_gguf_mode_keeps_4bit_blocks_with_their_rows_in_place(checkpoints, tmp_p
     assert all(isinstance(m, Int4Linear) for m in packed.values())
     for name, module in packed.items():
         expected = reference[f"{name}.weight"]
-        tolerance = 2**-7 * expected.abs().max()
-        assert (module.dequantized() - expected).abs().max() <= tolerance, name
+        assert torch.equal(module.dequantized(), expected), name
 
 
 def test_gguf_mode_requantizes_q8_0_and_keeps_float_tensors_float(checkpoints, tmp_path):

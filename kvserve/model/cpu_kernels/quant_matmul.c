@@ -1,0 +1,407 @@
+/* Matmuls with 4-bit or 8-bit weights on the CPU (kvserve/model/cpu_kernels): the
+ * activations are quantized to int8 in blocks of 32, and each block's dot product is an
+ * integer one (AVX-512 VNNI, AVX-VNNI, AVX2's maddubs, or plain C), scaled in float32.
+ *
+ * A block b of an input row is x ~= dx_b * xq (xq int8 in -127..127, dx_b = max|x| / 127):
+ *   sum_k w_k x_k ~= sum_b dx_b * (scale_b * sum_k code_k xq_k + offset_b * sum_k xq_k)
+ * with w = code * scale + offset. 4 bits: codes 0..15, a scale and an offset per block
+ * (float32 or float16; no offsets means offset = -8 * scale, llama.cpp's Q4_0). 8 bits:
+ * code = w + 128, one float32 scale per row.
+ *
+ * Layout: a row's columns are windows of 16 blocks (512 columns; the last window may hold
+ * fewer, 2 to 14: K is a multiple of 64). A window has 16 lanes of 4 bytes, one lane per
+ * block: blocks [0, half) in lanes 0.., blocks [half, nb) in lanes 8.. (half = nb / 2),
+ * and 8 steps, step t holding each block's columns 4t..4t+3. So one VNNI instruction
+ * multiplies 4 columns of 16 blocks, each block's sum stays in its own int32 lane over
+ * the 8 steps, and the scales apply once per window, not once per step.
+ * - 8 bits, per step: the low lanes' 4 * half bytes, then the high lanes'.
+ * - 4 bits, per step: 4 * half bytes, byte j = low lanes' code j | high lanes' code j << 4.
+ * The input is laid out the same way when it is quantized (kvserve/model/cpu_kernels/
+ * quant_layout.py packs the weights).
+ *
+ * Each (input row, output row) pair runs the same instructions whatever the number of
+ * rows: a row's result does not depend on the batch it came in (a prompt prefilled after a
+ * cached prefix gets the bits an uncached prefill gets).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bfloat16.h"
+
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#define BLOCK 32
+#define TILE 2 /* input rows sharing one pass over a weight row (more spill registers) */
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__AVX512VNNI__)
+#define PATH_AVX512 1
+#elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+#define PATH_AVX2 1
+#endif
+
+static inline float half_to_float(uint16_t h) {
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+    union { uint32_t u; float f; } v;
+    if (exp == 0) { /* zero or subnormal: man * 2^-24 */
+        v.f = (float)man * 5.9604644775390625e-8f;
+        v.u |= sign;
+        return v.f;
+    }
+    v.u = sign | (exp == 31 ? 0x7f800000u | (man << 13) : ((exp + 112) << 23) | (man << 13));
+    return v.f;
+#endif
+}
+
+static inline float scale_at(const void *s, int64_t i, int f16) {
+    return f16 ? half_to_float(((const uint16_t *)s)[i]) : ((const float *)s)[i];
+}
+
+#define WINDOW 16 /* blocks */
+#define STEPS 8   /* 4-column steps of a block */
+
+/* The quantized input, in the weights' window layout: per (row, window) 512 bytes of xq and
+ * 16 lanes of dx and xs = dx * sum(xq) (zeros in a short window's empty lanes); xtot per row
+ * is the sum of its xs, in block order (the 8-bit codes' +128 taken back). */
+typedef struct {
+    int8_t *xq;
+    float *dx, *xs, *xtot;
+    int64_t windows;
+} Quantized;
+
+static inline int window_blocks(int64_t blocks, int64_t w) {
+    return blocks - w * WINDOW < WINDOW ? (int)(blocks - w * WINDOW) : WINDOW;
+}
+
+static void quantize_rows(const void *x, int x_bf16, int64_t rows, int64_t K, Quantized *q,
+                          int threads) {
+    const int64_t blocks = K / BLOCK;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && rows > 1)
+    for (int64_t m = 0; m < rows; m++) {
+        float total = 0.0f;
+        for (int64_t b = 0; b < blocks; b++) {
+            const int64_t w = b / WINDOW;
+            const int j = (int)(b % WINDOW), half = window_blocks(blocks, w) / 2;
+            const int lane = j < half ? j : 8 + j - half;
+            int8_t *dst = q->xq + (m * q->windows + w) * (STEPS * 64) + 4 * lane;
+            float v[BLOCK], amax = 0.0f;
+            for (int e = 0; e < BLOCK; e++) {
+                const int64_t at = m * K + b * BLOCK + e;
+                v[e] = x_bf16 ? bf(((const uint16_t *)x)[at]) : ((const float *)x)[at];
+                amax = fmaxf(amax, fabsf(v[e]));
+            }
+            const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+            int sum = 0;
+            for (int e = 0; e < BLOCK; e++) {
+                long r = lrintf(v[e] * id);
+                r = r > 127 ? 127 : (r < -127 ? -127 : r);
+                dst[(e / 4) * 64 + e % 4] = (int8_t)r;
+                sum += (int)r;
+            }
+            const int64_t at = (m * q->windows + w) * WINDOW + lane;
+            q->dx[at] = d;
+            q->xs[at] = d * (float)sum;
+            total += q->xs[at];
+        }
+        q->xtot[m] = total;
+    }
+}
+
+#if PATH_AVX512
+/* 16 per-block factors in lane order: blocks b0.. in lanes 0..half-1, b0+half.. in 8.. */
+static inline __m512 lanes16(const void *s, int64_t b0, int half, int f16) {
+    if (half == 8) {
+        if (f16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)s + b0)));
+        return _mm512_loadu_ps((const float *)s + b0);
+    }
+    const __mmask8 k = (__mmask8)((1u << half) - 1u);
+    if (f16) {
+        const uint16_t *h = (const uint16_t *)s + b0;
+        const __m128i a = _mm_maskz_loadu_epi16(k, h), b = _mm_maskz_loadu_epi16(k, h + half);
+        return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(a), b, 1));
+    }
+    const float *f = (const float *)s + b0;
+    const __m256 a = _mm256_maskz_loadu_ps(k, f), b = _mm256_maskz_loadu_ps(k, f + half);
+    return _mm512_castpd_ps(
+        _mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(a)), _mm256_castps_pd(b), 1));
+}
+
+/* One window step's 64 codes, lanes as the input's. */
+static inline __m512i codes4(const uint8_t *p, int half) {
+    const __m256i v = half == 8 ? _mm256_loadu_si256((const __m256i *)p)
+                                : _mm256_maskz_loadu_epi8((__mmask32)((1ull << (4 * half)) - 1u), p);
+    const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+    return _mm512_and_si512(_mm512_srlv_epi16(_mm512_broadcast_i64x4(v), shift),
+                            _mm512_set1_epi8(0x0f));
+}
+
+static inline __m512i codes8(const uint8_t *p, int half) {
+    if (half == 8) return _mm512_loadu_si512(p);
+    const __mmask32 k = (__mmask32)((1ull << (4 * half)) - 1u);
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_maskz_loadu_epi8(k, p)),
+                              _mm256_maskz_loadu_epi8(k, p + 4 * half), 1);
+}
+
+/* One window of one weight row against mt input rows: acc += the window's scaled sums. */
+static inline __attribute__((always_inline)) void one_window(
+    const uint8_t *wc, const int bits, const void *scales, const void *offsets, int f16,
+    const Quantized *q, int64_t w, const int half, int64_t m0, const int mt, __m512 *acc,
+    __m512 *off) {
+    __m512i dot[TILE][2];
+    for (int m = 0; m < mt; m++) dot[m][0] = dot[m][1] = _mm512_setzero_si512();
+    for (int t = 0; t < STEPS; t++) {
+        const __m512i u = bits == 4 ? codes4(wc + t * 4 * half, half)
+                                    : codes8(wc + t * 8 * half, half);
+        for (int m = 0; m < mt; m++) {
+            const int8_t *xq = q->xq + ((m0 + m) * q->windows + w) * (STEPS * 64) + t * 64;
+            dot[m][t & 1] = _mm512_dpbusd_epi32(dot[m][t & 1], u, _mm512_load_si512(xq));
+        }
+    }
+    if (bits == 4) {
+        const __m512 s = lanes16(scales, w * WINDOW, half, f16);
+        const __m512 o = offsets ? lanes16(offsets, w * WINDOW, half, f16)
+                                 : _mm512_mul_ps(s, _mm512_set1_ps(-8.0f));
+        for (int m = 0; m < mt; m++) {
+            const int64_t at = ((m0 + m) * q->windows + w) * WINDOW;
+            const __m512 sd = _mm512_mul_ps(s, _mm512_load_ps(q->dx + at));
+            const __m512i d = _mm512_add_epi32(dot[m][0], dot[m][1]);
+            acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), sd, acc[m]);
+            off[m] = _mm512_fmadd_ps(o, _mm512_load_ps(q->xs + at), off[m]);
+        }
+    } else {
+        for (int m = 0; m < mt; m++) {
+            const int64_t at = ((m0 + m) * q->windows + w) * WINDOW;
+            const __m512i d = _mm512_add_epi32(dot[m][0], dot[m][1]);
+            acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_load_ps(q->dx + at), acc[m]);
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void window_rows(
+    const uint8_t *codes, const int bits, const void *scales, const void *offsets, int f16,
+    const Quantized *q, int64_t m0, const int mt, int64_t K, float *res) {
+    const int64_t blocks = K / BLOCK, whole = blocks / WINDOW;
+    const int64_t window_bytes = bits == 4 ? 256 : 512;
+    __m512 acc[TILE], off[TILE];
+    for (int m = 0; m < mt; m++) acc[m] = off[m] = _mm512_setzero_ps();
+    for (int64_t w = 0; w < whole; w++)
+        one_window(codes + w * window_bytes, bits, scales, offsets, f16, q, w, 8, m0, mt, acc, off);
+    if (whole < q->windows)
+        one_window(codes + whole * window_bytes, bits, scales, offsets, f16, q, whole,
+                   window_blocks(blocks, whole) / 2, m0, mt, acc, off);
+    for (int m = 0; m < mt; m++) {
+        if (bits == 4)
+            res[m] = _mm512_reduce_add_ps(acc[m]) + _mm512_reduce_add_ps(off[m]);
+        else /* the codes are w + 128 */
+            res[m] = *(const float *)scales * (_mm512_reduce_add_ps(acc[m]) - 128.0f * q->xtot[m0 + m]);
+    }
+}
+#define PATH_NAME "avx512-vnni"
+
+#elif PATH_AVX2
+/* sum over each 4 bytes of u (codes 0..15) times x. */
+static inline __m256i dot_u4_s8(__m256i u, __m256i x) {
+#if defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, x);
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, x);
+#else /* pairs of u * x fit int16 (2 * 15 * 127) */
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1));
+#endif
+}
+
+/* sum over each 4 bytes of w * x, both int8 in -127..127 (|x| times w with x's sign). */
+static inline __m256i dot_s8_s8(__m256i w, __m256i x) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(w, x)),
+                             _mm256_set1_epi16(1));
+}
+
+static inline float sum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+/* 8 per-block factors from b0 (half of them in a short window, zeros after). */
+static inline __m256 lanes8(const void *s, int64_t b0, int half, int f16) {
+    if (half == 8) {
+        if (f16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)s + b0)));
+        return _mm256_loadu_ps((const float *)s + b0);
+    }
+    float v[8] = {0};
+    for (int i = 0; i < half; i++) v[i] = scale_at(s, b0 + i, f16);
+    return _mm256_loadu_ps(v);
+}
+
+static inline __m256i load_bytes(const uint8_t *p, int half) {
+    if (half == 8) return _mm256_loadu_si256((const __m256i *)p);
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_maskload_epi32((const int *)p, _mm256_cmpgt_epi32(_mm256_set1_epi32(half), lane));
+}
+
+static inline __attribute__((always_inline)) void window_rows(
+    const uint8_t *codes, int bits, const void *scales, const void *offsets, int f16,
+    const Quantized *q, int64_t m0, const int mt, int64_t K, float *res) {
+    const int64_t blocks = K / BLOCK;
+    const __m256i low = _mm256_set1_epi8(0x0f), flip = _mm256_set1_epi8((char)0x80);
+    __m256 acc[TILE][2], off[TILE][2];
+    for (int m = 0; m < mt; m++)
+        acc[m][0] = acc[m][1] = off[m][0] = off[m][1] = _mm256_setzero_ps();
+    for (int64_t w = 0; w < q->windows; w++) {
+        const int half = window_blocks(blocks, w) / 2;
+        const uint8_t *wc = codes + w * (bits == 4 ? 256 : 512);
+        __m256i dot[TILE][2];
+        for (int m = 0; m < mt; m++) dot[m][0] = dot[m][1] = _mm256_setzero_si256();
+        for (int t = 0; t < STEPS; t++) {
+            __m256i u[2];
+            if (bits == 4) {
+                const __m256i v = load_bytes(wc + t * 4 * half, half);
+                u[0] = _mm256_and_si256(v, low);
+                u[1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+            } else {
+                u[0] = _mm256_xor_si256(load_bytes(wc + t * 8 * half, half), flip);
+                u[1] = _mm256_xor_si256(load_bytes(wc + t * 8 * half + 4 * half, half), flip);
+            }
+            for (int m = 0; m < mt; m++) {
+                const int8_t *xq = q->xq + ((m0 + m) * q->windows + w) * (STEPS * 64) + t * 64;
+                for (int h = 0; h < 2; h++) {
+                    const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + 32 * h));
+                    const __m256i d = bits == 4 ? dot_u4_s8(u[h], xv) : dot_s8_s8(u[h], xv);
+                    dot[m][h] = _mm256_add_epi32(dot[m][h], d);
+                }
+            }
+        }
+        for (int h = 0; h < 2; h++) {
+            const int64_t b0 = w * WINDOW + h * half;
+            const __m256 s = bits == 4 ? lanes8(scales, b0, half, f16) : _mm256_set1_ps(1.0f);
+            const __m256 o = bits != 4 ? _mm256_setzero_ps()
+                             : offsets ? lanes8(offsets, b0, half, f16)
+                                       : _mm256_mul_ps(s, _mm256_set1_ps(-8.0f));
+            for (int m = 0; m < mt; m++) {
+                const int64_t at = ((m0 + m) * q->windows + w) * WINDOW + 8 * h;
+                const __m256 sd = _mm256_mul_ps(s, _mm256_loadu_ps(q->dx + at));
+                acc[m][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[m][h]), sd, acc[m][h]);
+                off[m][h] = _mm256_fmadd_ps(o, _mm256_loadu_ps(q->xs + at), off[m][h]);
+            }
+        }
+    }
+    for (int m = 0; m < mt; m++) {
+        const float dot = sum8(_mm256_add_ps(acc[m][0], acc[m][1]));
+        res[m] = bits == 4 ? dot + sum8(_mm256_add_ps(off[m][0], off[m][1]))
+                           : *(const float *)scales * dot;
+    }
+}
+#if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
+#define PATH_NAME "avx2-vnni"
+#else
+#define PATH_NAME "avx2"
+#endif
+
+#else /* plain C: the same sums, one block at a time */
+static inline void window_rows(const uint8_t *codes, int bits, const void *scales,
+                               const void *offsets, int f16, const Quantized *q, int64_t m0,
+                               const int mt, int64_t K, float *res) {
+    const int64_t blocks = K / BLOCK;
+    for (int m = 0; m < mt; m++) {
+        float acc = 0.0f, off = 0.0f;
+        for (int64_t b = 0; b < blocks; b++) {
+            const int64_t w = b / WINDOW;
+            const int j = (int)(b % WINDOW), half = window_blocks(blocks, w) / 2;
+            const int h = j >= half, lane = j - h * half;
+            const uint8_t *wc = codes + w * (bits == 4 ? 256 : 512);
+            const int8_t *xq = q->xq + ((m0 + m) * q->windows + w) * (STEPS * 64) + 32 * h + 4 * lane;
+            int dot = 0;
+            for (int e = 0; e < BLOCK; e++) {
+                const int t = e / 4, i = e % 4;
+                const int code = bits == 4 ? (wc[t * 4 * half + 4 * lane + i] >> (4 * h)) & 0x0f
+                                           : wc[t * 8 * half + h * 4 * half + 4 * lane + i] - 128;
+                dot += code * xq[t * 64 + i];
+            }
+            const int64_t at = ((m0 + m) * q->windows + w) * WINDOW + 8 * h + lane;
+            if (bits == 4) {
+                const float s = scale_at(scales, b, f16);
+                acc += (float)dot * (s * q->dx[at]);
+                off += (offsets ? scale_at(offsets, b, f16) : -8.0f * s) * q->xs[at];
+            } else {
+                acc += (float)dot * q->dx[at];
+            }
+        }
+        res[m] = bits == 4 ? acc + off : *(const float *)scales * acc;
+    }
+}
+#define PATH_NAME "portable"
+#endif
+
+/* window_rows with the bits and the tile's rows as constants, each compiled on its own so
+ * that its accumulators live in registers. */
+#define ROWS(BITS, MT)                                                                          \
+    static __attribute__((noinline)) void rows##BITS##_##MT(                                    \
+        const uint8_t *codes, const void *scales, const void *offsets, int f16,                 \
+        const Quantized *q, int64_t m0, int64_t K, float *res) {                                \
+        window_rows(codes, BITS, scales, offsets, f16, q, m0, MT, K, res);                       \
+    }
+ROWS(4, 1) ROWS(4, 2) ROWS(8, 1) ROWS(8, 2)
+
+typedef void (*RowsFn)(const uint8_t *, const void *, const void *, int, const Quantized *,
+                       int64_t, int64_t, float *);
+static const RowsFn ROWS4[TILE] = {rows4_1, rows4_2};
+static const RowsFn ROWS8[TILE] = {rows8_1, rows8_2};
+
+/* Which instructions this build runs (the load log says it). */
+const char *quant_matmul_path(void) { return PATH_NAME; }
+
+static void store(void *out, int out_bf16, int64_t at, float v) {
+    if (out_bf16)
+        ((uint16_t *)out)[at] = to_bf(v);
+    else
+        ((float *)out)[at] = v;
+}
+
+/* out [M, N] = x [M, K] @ W.T, x and out float32 or bfloat16 (x_bf16).
+ * bits 4: codes [N, K/2], scales and offsets [N, K/32] (float16 when scales_f16; offsets
+ * may be NULL). bits 8: codes [N, K], scales [N] float32. K a multiple of 64.
+ * Returns 0, or -1 when the shapes are not what this kernel runs, -2 when out of memory. */
+int quant_matmul(const void *x, void *out, int x_bf16, int64_t M, int64_t N, int64_t K,
+                 const uint8_t *codes, int bits, const void *scales, const void *offsets,
+                 int scales_f16, int threads) {
+    if (K % 64 != 0 || (bits != 4 && bits != 8) || M < 0 || N < 0) return -1;
+    if (M == 0 || N == 0) return 0;
+    Quantized q;
+    q.windows = (K / BLOCK + WINDOW - 1) / WINDOW;
+    /* 64-byte aligned, zeros in the short windows' empty lanes */
+    const size_t xq_bytes = (size_t)(M * q.windows) * STEPS * 64;
+    const size_t dx_bytes = ((size_t)(M * q.windows * 2 * WINDOW + M) * sizeof(float) + 63) / 64 * 64;
+    q.xq = aligned_alloc(64, xq_bytes);
+    q.dx = aligned_alloc(64, dx_bytes);
+    if (q.xq == NULL || q.dx == NULL) {
+        free(q.xq), free(q.dx);
+        return -2;
+    }
+    memset(q.xq, 0, xq_bytes), memset(q.dx, 0, dx_bytes);
+    q.xs = q.dx + M * q.windows * WINDOW, q.xtot = q.xs + M * q.windows * WINDOW;
+    quantize_rows(x, x_bf16, M, K, &q, threads);
+    const int64_t row_bytes = bits == 4 ? K / 2 : K;
+    const int64_t row_scales = bits == 4 ? (K / BLOCK) * (scales_f16 ? 2 : 4) : 4;
+    threads = N * K >= 65536 ? threads : 1;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int64_t n = 0; n < N; n++) {
+        const uint8_t *row = codes + n * row_bytes;
+        const void *s = (const char *)scales + n * row_scales;
+        const void *o = offsets && bits == 4 ? (const char *)offsets + n * row_scales : NULL;
+        float res[TILE];
+        for (int64_t m0 = 0; m0 < M; m0 += TILE) {
+            const int mt = M - m0 < TILE ? (int)(M - m0) : TILE;
+            (bits == 4 ? ROWS4 : ROWS8)[mt - 1](row, s, o, scales_f16, &q, m0, K, res);
+            for (int m = 0; m < mt; m++) store(out, x_bf16, (m0 + m) * N + n, res[m]);
+        }
+    }
+    free(q.xq), free(q.dx);
+    return 0;
+}

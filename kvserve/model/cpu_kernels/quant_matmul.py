@@ -1,0 +1,102 @@
+"""4-bit and 8-bit weight matmuls on the CPU in C (`quant_matmul.c`), with int8 activations.
+
+torch's CPU int4 kernel (`_weight_int4pack_mm_for_cpu`) dequantizes its weights
+to bfloat16 and multiplies in floating point: on one decode row it streams a
+1B model's 4-bit weights at about half the machine's copy bandwidth, and its
+int8 kernel does the same with 8-bit ones. A decode step reads every weight
+once, so the weights' bytes per second is the speed. `quant_matmul.c` does
+what llama.cpp does instead: each 32-wide block of an input row becomes int8
+with one float scale, each block's dot product is an integer one on VNNI
+(AVX-512 or AVX-VNNI) or AVX2, and one float multiply-add per block scales it.
+No library ships such a kernel for a plain shared library with these layouts
+(llama.cpp's ggml is a whole runtime with its own tensors and threads), so it
+is written here, in about 300 lines of C.
+
+The arithmetic of one (input row, output row) pair is the same whatever the
+number of rows in the call, so a row's result never depends on its batch. The
+weights' layout is `quant_layout`'s. The tests compare the kernel with the
+same sums computed in float64 by torch, on every instruction path this CPU can
+build (`build_variant`: AVX-512 VNNI, AVX2 with and without VNNI, plain C).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import torch
+
+from kvserve.model.cpu_kernels.build import INT, INT64, POINTER, Built, build, function, load
+
+SOURCE = Path(__file__).with_name("quant_matmul.c")
+
+_P, _I, _L = POINTER, INT, INT64
+
+
+class QuantMatmul:
+    """The loaded library's `quant_matmul`, and the instruction path it was built with."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        self._fn = function(
+            library, "quant_matmul", _I, _P, _P, _I, _L, _L, _L, _P, _I, _P, _P, _I, _I
+        )
+        path = function(library, "quant_matmul_path", ctypes.c_char_p)
+        self.path: str = path().decode()
+        """avx512-vnni, avx2-vnni, avx2 or portable."""
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        codes: torch.Tensor,
+        scales: torch.Tensor,
+        offsets: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """x [M, K] (float32 or bfloat16, contiguous) times the packed weight, transposed:
+        [M, N] in x's dtype. `codes` [N, K/2] (4 bits) or [N, K] (8 bits) uint8."""
+        rows, width = x.shape
+        out_features = codes.shape[0]
+        bits = 4 if codes.shape[1] * 2 == width else 8
+        out = torch.empty(rows, out_features, dtype=x.dtype)
+        status = self._fn(
+            x.data_ptr(),
+            out.data_ptr(),
+            int(x.dtype == torch.bfloat16),
+            rows,
+            out_features,
+            width,
+            codes.data_ptr(),
+            bits,
+            scales.data_ptr(),
+            None if offsets is None else offsets.data_ptr(),
+            int(scales.dtype == torch.float16),
+            torch.get_num_threads(),
+        )
+        if status != 0:
+            what = "out of memory" if status == -2 else f"a {tuple(x.shape)} input it cannot run"
+            raise RuntimeError(f"quant_matmul: {what} (codes {tuple(codes.shape)}, {bits} bits)")
+        return out
+
+
+_kernel: QuantMatmul | None = None
+_built: Built | None = None
+
+
+def kernel() -> QuantMatmul | None:
+    """The process's kernel once `enable()` loaded it; None otherwise."""
+    return _kernel
+
+
+def enable() -> Built:
+    """Build or load the library (once per process; later calls return the first result)."""
+    global _kernel, _built
+    if _built is None:
+        library, _built = load(SOURCE)
+        _kernel = None if library is None else QuantMatmul(library)
+    return _built
+
+
+def build_variant(extra_flags: tuple[str, ...]) -> QuantMatmul | None:
+    """The kernel built with more flags (`-mno-avx512f` for the AVX2 path on an AVX-512
+    CPU): the tests run each path this CPU can execute. None when it does not build."""
+    built = build(SOURCE, extra_flags)
+    return None if built.path is None else QuantMatmul(ctypes.CDLL(str(built.path)))

@@ -1,0 +1,158 @@
+"""The 4-bit and 8-bit matmul kernel against the same sums in float64 (torch), on every
+instruction path this CPU runs: AVX-512 VNNI, AVX2 with and without VNNI, plain C.
+
+The reference quantizes each 32-wide block of an input row as the kernel does (float32,
+round half to even), multiplies the integers exactly and scales each block in float64;
+the kernel's float32 sums may differ from it by their rounding only."""
+
+from __future__ import annotations
+
+import ctypes
+import platform
+
+import pytest
+import torch
+
+from kvserve.model.cpu_kernels import quant_matmul
+from kvserve.model.cpu_kernels.build import build
+from kvserve.model.cpu_kernels.quant_layout import BLOCK, pack, unpack
+from kvserve.model.cpu_kernels.quant_matmul import QuantMatmul
+
+X86 = platform.machine() in ("x86_64", "AMD64")
+VARIANTS = {
+    "native": (),
+    "avx2-vnni": ("-mno-avx512f",),
+    "avx2": ("-mno-avx512f", "-mno-avxvnni"),
+    "portable": ("-mno-avx2", "-mno-avx512f", "-mno-avxvnni", "-mno-fma", "-mno-f16c"),
+}
+"""Flags that turn the wider paths off (x86); each builds what this CPU can run."""
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def kernel(request, kernel_cache, monkeypatch_module) -> QuantMatmul:
+    if request.param != "native" and not X86:
+        pytest.skip("the variants' flags are x86's")
+    monkeypatch_module.setenv("KVSERVE_KERNEL_CACHE", str(kernel_cache))
+    built = build(quant_matmul.SOURCE, VARIANTS[request.param])
+    if built.path is None:
+        pytest.skip(f"no kernel here: {built.reason}")
+
+    return QuantMatmul(ctypes.CDLL(str(built.path)))
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
+
+
+def quantized_input(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(xq [M, K/32, 32] as float64, dx [M, K/32] float32): x as the kernel rounds it."""
+    blocks = x.float().reshape(x.shape[0], -1, BLOCK)
+    d = blocks.abs().amax(-1) / 127
+    inverse = torch.where(d != 0, 1 / d, torch.zeros_like(d))
+    return torch.round(blocks * inverse[..., None]).clamp(-127, 127).double(), d
+
+
+def reference(
+    x: torch.Tensor,
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    offsets: torch.Tensor | None,
+    bits: int,
+) -> torch.Tensor:
+    """sum_b dx_b * (scale_b * codes . xq + offset_b * sum(xq)), codes [N, K] in column order."""
+    xq, dx = quantized_input(x)
+    blocks = dx.shape[1]
+    q = codes.double().reshape(codes.shape[0], blocks, BLOCK)
+    dx = dx.double()[:, None]
+    if bits == 8:
+        dots = torch.einsum("mbk,nbk->mnb", xq, q - 128)
+        return (dots * dx).sum(-1) * scales.double()
+    s = scales.double()
+    o = -8 * s if offsets is None else offsets.double()
+    dots = torch.einsum("mbk,nbk->mnb", xq, q)
+    return (dots * s * dx).sum(-1) + (o * dx * xq.sum(-1)[:, None]).sum(-1)
+
+
+def assert_close(out: torch.Tensor, expected: torch.Tensor) -> None:
+    """Within float32's rounding of sums of a few hundred terms (relative to the row's scale:
+    the 4-bit offsets and the 8-bit codes' +128 cancel large partial sums)."""
+    scale = expected.abs().amax(dim=1, keepdim=True).clamp(min=1e-30)
+    error = ((out.double() - expected).abs() / scale).max().item()
+    assert error < 2e-5, error
+
+
+SHAPES = [(1, 64, 576), (5, 48, 1536), (9, 33, 640), (4, 16, 64), (2, 20, 512)]
+"""(rows, outputs, inputs): short windows (576 = one window and 2 blocks; 640, 64), whole
+windows only (512, 1536), every tile size of 4 input rows, outputs not a multiple of 16."""
+
+
+@pytest.mark.parametrize(("rows", "outputs", "inputs"), SHAPES)
+@pytest.mark.parametrize("scales_dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("with_offsets", [True, False])
+def test_4_bit_weights(kernel, rows, outputs, inputs, scales_dtype, with_offsets):
+    gen = torch.Generator().manual_seed(rows * inputs)
+    codes = torch.randint(0, 16, (outputs, inputs), generator=gen)
+    scales = (torch.rand(outputs, inputs // 32, generator=gen) / 50).to(scales_dtype)
+    offsets = (torch.randn(outputs, inputs // 32, generator=gen) / 20).to(scales_dtype)
+    offsets = offsets if with_offsets else None
+    x = torch.randn(rows, inputs, generator=gen)
+    x[:, 5] *= 40  # an outlier column, as activations have
+    out = kernel(x, pack(codes, 4), scales, offsets)
+    assert out.shape == (rows, outputs) and out.dtype == torch.float32
+    assert_close(out, reference(x, codes, scales, offsets, 4))
+
+
+@pytest.mark.parametrize(("rows", "outputs", "inputs"), SHAPES)
+def test_8_bit_weights(kernel, rows, outputs, inputs):
+    gen = torch.Generator().manual_seed(rows + inputs)
+    codes = torch.randint(1, 256, (outputs, inputs), generator=gen)  # w + 128, w in -127..127
+    scales = torch.rand(outputs, generator=gen) / 100
+    x = torch.randn(rows, inputs, generator=gen)
+    out = kernel(x, pack(codes, 8), scales, None)
+    assert_close(out, reference(x, codes, scales, None, 8))
+
+
+def test_bfloat16_rows_in_and_out(kernel):
+    gen = torch.Generator().manual_seed(3)
+    codes = torch.randint(0, 16, (40, 1024), generator=gen)
+    scales = (torch.rand(40, 32, generator=gen) / 50).half()
+    x = torch.randn(6, 1024, generator=gen).bfloat16()
+    out = kernel(x, pack(codes, 4), scales, None)
+    assert out.dtype == torch.bfloat16
+    expected = reference(x.float(), codes, scales, None, 4)
+    assert ((out.double() - expected).abs() <= expected.abs() * 2**-8 + 1e-6).all()
+
+
+def test_a_rows_result_does_not_depend_on_its_batch(kernel):
+    gen = torch.Generator().manual_seed(4)
+    inputs = 1600  # three whole windows and a short one
+    packed4 = pack(torch.randint(0, 16, (70, inputs), generator=gen), 4)
+    scales = (torch.rand(70, inputs // 32, generator=gen) / 50).half()
+    packed8 = pack(torch.randint(1, 256, (70, inputs), generator=gen), 8)
+    row_scales = torch.rand(70, generator=gen) / 100
+    x = torch.randn(11, inputs, generator=gen)
+    for args in ((packed4, scales, scales), (packed8, row_scales, None)):
+        whole = kernel(x, *args)
+        for first, last in ((0, 1), (3, 4), (2, 9), (5, 11)):
+            assert torch.equal(kernel(x[first:last].contiguous(), *args), whole[first:last])
+
+
+def test_zero_rows_and_refused_shapes(kernel):
+    packed = pack(torch.zeros(8, 64, dtype=torch.int32), 4)
+    scales = torch.ones(8, 2, dtype=torch.float16)
+    assert torch.equal(kernel(torch.zeros(3, 64), packed, scales, None), torch.zeros(3, 8))
+    with pytest.raises(RuntimeError, match="cannot run"):
+        kernel(torch.zeros(1, 96), torch.zeros(8, 96, dtype=torch.uint8), torch.ones(8), None)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("inputs", [64, 576, 1024, 1600])
+def test_the_layout_round_trips(bits, inputs):
+    codes = torch.randint(0, 2**bits, (7, inputs), generator=torch.Generator().manual_seed(bits))
+    packed = pack(codes, bits)
+    assert packed.dtype == torch.uint8 and packed.shape == (7, inputs * bits // 8)
+    assert torch.equal(unpack(packed, inputs, bits), codes.int())
+    with pytest.raises(ValueError, match="multiple of 64"):
+        pack(codes[:, :32], bits)
