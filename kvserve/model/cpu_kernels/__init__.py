@@ -18,6 +18,11 @@ cached on disk; without a compiler torch's own ops run. Files:
     layer_ops.c, layer_ops.py  RMSNorm (with the residual add before it), the
                     rotary embedding, SiLU-and-multiply: one call each, torch's
                     roundings in torch's places
+    quant_matmul.c, quant_matmul.py  4-bit and 8-bit weight matmuls: int8 activations
+                    in blocks of 32, integer dot products on AVX-512 VNNI, AVX-VNNI, AVX2
+                    or plain C; any dtype's packed layers (kvserve.model.quant) use it
+    quant_layout.py its weight layout (windows of 16 blocks, 8 steps of 4 columns), packed
+                    and unpacked with torch
     switch.py       enabled once by a bfloat16 CPU runner, process-wide
                     (KVSERVE_CPU_KERNELS=0 turns them off); float32 keeps torch's ops
 """

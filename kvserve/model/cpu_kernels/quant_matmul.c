@@ -30,12 +30,14 @@
 
 #include "bfloat16.h"
 
-#if defined(__AVX2__) || defined(__AVX512F__)
+#if defined(__AVX2__) || defined(__AVX512F__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 
 #define BLOCK 32
-#define TILE 2 /* input rows sharing one pass over a weight row (more spill registers) */
+#define WINDOW 16 /* blocks */
+#define STEPS 8   /* 4-column steps of a block */
+#define TILE 2 /* input rows sharing one pass over a weight row (with 4, registers spill) */
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
     defined(__AVX512VNNI__)
@@ -50,22 +52,15 @@ static inline float half_to_float(uint16_t h) {
 #else
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
     union { uint32_t u; float f; } v;
-    if (exp == 0) { /* zero or subnormal: man * 2^-24 */
-        v.f = (float)man * 5.9604644775390625e-8f;
-        v.u |= sign;
-        return v.f;
-    }
+    if (exp == 0) return sign ? -(float)man * 5.9604644775390625e-8f : (float)man * 5.9604644775390625e-8f;
     v.u = sign | (exp == 31 ? 0x7f800000u | (man << 13) : ((exp + 112) << 23) | (man << 13));
     return v.f;
 #endif
 }
 
-static inline float scale_at(const void *s, int64_t i, int f16) {
+static inline float scale_at(const void *s, int64_t i, int f16) { /* float16 or float32 */
     return f16 ? half_to_float(((const uint16_t *)s)[i]) : ((const float *)s)[i];
 }
-
-#define WINDOW 16 /* blocks */
-#define STEPS 8   /* 4-column steps of a block */
 
 /* The quantized input, in the weights' window layout: per (row, window) 512 bytes of xq and
  * 16 lanes of dx and xs = dx * sum(xq) (zeros in a short window's empty lanes); xtot per row
@@ -73,7 +68,7 @@ static inline float scale_at(const void *s, int64_t i, int f16) {
 typedef struct {
     int8_t *xq;
     float *dx, *xs, *xtot;
-    int64_t windows;
+    int64_t windows; /* per row */
 } Quantized;
 
 static inline int window_blocks(int64_t blocks, int64_t w) {
@@ -351,18 +346,10 @@ ROWS(4, 1) ROWS(4, 2) ROWS(8, 1) ROWS(8, 2)
 
 typedef void (*RowsFn)(const uint8_t *, const void *, const void *, int, const Quantized *,
                        int64_t, int64_t, float *);
-static const RowsFn ROWS4[TILE] = {rows4_1, rows4_2};
-static const RowsFn ROWS8[TILE] = {rows8_1, rows8_2};
+static const RowsFn ROWS4[TILE] = {rows4_1, rows4_2}, ROWS8[TILE] = {rows8_1, rows8_2};
 
 /* Which instructions this build runs (the load log says it). */
 const char *quant_matmul_path(void) { return PATH_NAME; }
-
-static void store(void *out, int out_bf16, int64_t at, float v) {
-    if (out_bf16)
-        ((uint16_t *)out)[at] = to_bf(v);
-    else
-        ((float *)out)[at] = v;
-}
 
 /* out [M, N] = x [M, K] @ W.T, x and out float32 or bfloat16 (x_bf16).
  * bits 4: codes [N, K/2], scales and offsets [N, K/32] (float16 when scales_f16; offsets
@@ -399,7 +386,10 @@ int quant_matmul(const void *x, void *out, int x_bf16, int64_t M, int64_t N, int
         for (int64_t m0 = 0; m0 < M; m0 += TILE) {
             const int mt = M - m0 < TILE ? (int)(M - m0) : TILE;
             (bits == 4 ? ROWS4 : ROWS8)[mt - 1](row, s, o, scales_f16, &q, m0, K, res);
-            for (int m = 0; m < mt; m++) store(out, x_bf16, (m0 + m) * N + n, res[m]);
+            for (int m = 0; m < mt; m++) {
+                if (x_bf16) ((uint16_t *)out)[(m0 + m) * N + n] = to_bf(res[m]);
+                else ((float *)out)[(m0 + m) * N + n] = res[m];
+            }
         }
     }
     free(q.xq), free(q.dx);

@@ -3,10 +3,11 @@ blocks kept as they are, and the projections fused after loading.
 
 Imports of other model rooms: only `checkpoint` (the config, GGUF tensors).
 
-Packed weights are computed in bfloat16 on torch's CPU kernels. Files:
+Packed weights run on kvserve's own CPU kernel (kvserve.model.cpu_kernels.quant_matmul:
+int8 activations times the codes, VNNI or AVX2), in the engine's dtype. Files:
 
     quantize.py     the quantization modes: which weights are packed, the module swap
-    quant_linear.py packed linear layers (int8 per channel, int4 in groups)
+    quant_linear.py packed linear layers (int8 per row, int4 per block of 32)
     gguf_blocks.py  GGUF 4-bit blocks (Q4_0, Q4_1, Q4_K) -> int4 kernel weights as they
                     are; quantization gguf's rule per tensor
     fusion.py       q/k/v and gate/up stacked into one layer each after loading (float,
