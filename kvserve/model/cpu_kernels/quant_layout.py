@@ -80,3 +80,14 @@ def unpack(packed: torch.Tensor, width: int, bits: int) -> torch.Tensor:
         block = lanes.permute(0, 2, 1, 3).reshape(rows, count * BLOCK)
         out[:, first * BLOCK : (first + count) * BLOCK] = block
     return out
+
+
+def packed_columns(in_features: int) -> torch.Tensor:
+    """The input column of each position of a row in the packed order (window, step,
+    position p: block p // 4 of the window, column 4 * step + p % 4 of the block)."""
+    order = []
+    for first, count in windows(in_features):
+        step = torch.arange(8)[:, None]
+        position = torch.arange(4 * count)[None, :]
+        order.append(((first + position // 4) * BLOCK + 4 * step + position % 4).reshape(-1))
+    return torch.cat(order)

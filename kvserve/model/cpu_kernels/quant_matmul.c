@@ -29,15 +29,13 @@
 #include <string.h>
 
 #include "bfloat16.h"
+#include "quant_layout.h"
 
-#if defined(__AVX2__) || defined(__AVX512F__) || defined(__F16C__)
+#define TILE 2 /* input rows sharing one pass over a weight row (with 4, registers spill) */
+
+#if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
-
-#define BLOCK 32
-#define WINDOW 16 /* blocks */
-#define STEPS 8   /* 4-column steps of a block */
-#define TILE 2 /* input rows sharing one pass over a weight row (with 4, registers spill) */
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
     defined(__AVX512VNNI__)
@@ -45,22 +43,6 @@
 #elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
 #define PATH_AVX2 1
 #endif
-
-static inline float half_to_float(uint16_t h) {
-#if defined(__F16C__)
-    return _cvtsh_ss(h);
-#else
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
-    union { uint32_t u; float f; } v;
-    if (exp == 0) return sign ? -(float)man * 5.9604644775390625e-8f : (float)man * 5.9604644775390625e-8f;
-    v.u = sign | (exp == 31 ? 0x7f800000u | (man << 13) : ((exp + 112) << 23) | (man << 13));
-    return v.f;
-#endif
-}
-
-static inline float scale_at(const void *s, int64_t i, int f16) { /* float16 or float32 */
-    return f16 ? half_to_float(((const uint16_t *)s)[i]) : ((const float *)s)[i];
-}
 
 /* The quantized input, in the weights' window layout: per (row, window) 512 bytes of xq and
  * 16 lanes of dx and xs = dx * sum(xq) (zeros in a short window's empty lanes); xtot per row
@@ -70,10 +52,6 @@ typedef struct {
     float *dx, *xs, *xtot;
     int64_t windows; /* per row */
 } Quantized;
-
-static inline int window_blocks(int64_t blocks, int64_t w) {
-    return blocks - w * WINDOW < WINDOW ? (int)(blocks - w * WINDOW) : WINDOW;
-}
 
 static void quantize_rows(const void *x, int x_bf16, int64_t rows, int64_t K, Quantized *q,
                           int threads) {
@@ -395,3 +373,4 @@ int quant_matmul(const void *x, void *out, int x_bf16, int64_t M, int64_t N, int
     free(q.xq), free(q.dx);
     return 0;
 }
+

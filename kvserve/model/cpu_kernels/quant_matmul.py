@@ -29,16 +29,21 @@ import torch
 from kvserve.model.cpu_kernels.build import INT, INT64, POINTER, Built, build, function, load
 
 SOURCE = Path(__file__).with_name("quant_matmul.c")
+DEQUANTIZE_SOURCE = Path(__file__).with_name("quant_dequantize.c")
 
 _P, _I, _L = POINTER, INT, INT64
 
 
 class QuantMatmul:
-    """The loaded library's `quant_matmul`, and the instruction path it was built with."""
+    """The loaded library's `quant_matmul` and the instruction path it was built with, and
+    `quant_dequantize` (its own library) for matmuls of many rows."""
 
-    def __init__(self, library: ctypes.CDLL) -> None:
+    def __init__(self, library: ctypes.CDLL, dequantize_library: ctypes.CDLL) -> None:
         self._fn = function(
             library, "quant_matmul", _I, _P, _P, _I, _L, _L, _L, _P, _I, _P, _P, _I, _I
+        )
+        self._dequantize = function(
+            dequantize_library, "quant_dequantize", None, _P, _I, _P, _P, _I, _L, _L, _P, _I, _I
         )
         path = function(library, "quant_matmul_path", ctypes.c_char_p)
         self.path: str = path().decode()
@@ -76,6 +81,30 @@ class QuantMatmul:
             raise RuntimeError(f"quant_matmul: {what} (codes {tuple(codes.shape)}, {bits} bits)")
         return out
 
+    def dequantize(
+        self,
+        codes: torch.Tensor,
+        scales: torch.Tensor,
+        offsets: torch.Tensor | None,
+        out: torch.Tensor,
+    ) -> torch.Tensor:
+        """The weight [N, K] into `out` (contiguous float32 or bfloat16), its columns in the
+        packed order (quant_layout.packed_columns)."""
+        in_features, dtype = out.shape[1], out.dtype
+        self._dequantize(
+            codes.data_ptr(),
+            4 if codes.shape[1] * 2 == in_features else 8,
+            scales.data_ptr(),
+            None if offsets is None else offsets.data_ptr(),
+            int(scales.dtype == torch.float16),
+            codes.shape[0],
+            in_features,
+            out.data_ptr(),
+            int(dtype == torch.bfloat16),
+            torch.get_num_threads(),
+        )
+        return out
+
 
 _kernel: QuantMatmul | None = None
 _built: Built | None = None
@@ -91,12 +120,19 @@ def enable() -> Built:
     global _kernel, _built
     if _built is None:
         library, _built = load(SOURCE)
-        _kernel = None if library is None else QuantMatmul(library)
+        dequantize, built = load(DEQUANTIZE_SOURCE)
+        if library is not None and dequantize is None:
+            library, _built = None, built
+        _kernel = (
+            None if library is None or dequantize is None else QuantMatmul(library, dequantize)
+        )
     return _built
 
 
 def build_variant(extra_flags: tuple[str, ...]) -> QuantMatmul | None:
     """The kernel built with more flags (`-mno-avx512f` for the AVX2 path on an AVX-512
     CPU): the tests run each path this CPU can execute. None when it does not build."""
-    built = build(SOURCE, extra_flags)
-    return None if built.path is None else QuantMatmul(ctypes.CDLL(str(built.path)))
+    built, dequantize = build(SOURCE, extra_flags), build(DEQUANTIZE_SOURCE, extra_flags)
+    if built.path is None or dequantize.path is None:
+        return None
+    return QuantMatmul(ctypes.CDLL(str(built.path)), ctypes.CDLL(str(dequantize.path)))

@@ -15,7 +15,7 @@ import torch
 
 from kvserve.model.cpu_kernels import quant_matmul
 from kvserve.model.cpu_kernels.build import build
-from kvserve.model.cpu_kernels.quant_layout import BLOCK, pack, unpack
+from kvserve.model.cpu_kernels.quant_layout import BLOCK, pack, packed_columns, unpack
 from kvserve.model.cpu_kernels.quant_matmul import QuantMatmul
 
 X86 = platform.machine() in ("x86_64", "AMD64")
@@ -34,10 +34,10 @@ def kernel(request, kernel_cache, monkeypatch_module) -> QuantMatmul:
         pytest.skip("the variants' flags are x86's")
     monkeypatch_module.setenv("KVSERVE_KERNEL_CACHE", str(kernel_cache))
     built = build(quant_matmul.SOURCE, VARIANTS[request.param])
-    if built.path is None:
-        pytest.skip(f"no kernel here: {built.reason}")
-
-    return QuantMatmul(ctypes.CDLL(str(built.path)))
+    dequantize = build(quant_matmul.DEQUANTIZE_SOURCE, VARIANTS[request.param])
+    if built.path is None or dequantize.path is None:
+        pytest.skip(f"no kernel here: {built.reason or dequantize.reason}")
+    return QuantMatmul(ctypes.CDLL(str(built.path)), ctypes.CDLL(str(dequantize.path)))
 
 
 @pytest.fixture(scope="module")
@@ -145,6 +145,32 @@ def test_zero_rows_and_refused_shapes(kernel):
     assert torch.equal(kernel(torch.zeros(3, 64), packed, scales, None), torch.zeros(3, 8))
     with pytest.raises(RuntimeError, match="cannot run"):
         kernel(torch.zeros(1, 96), torch.zeros(8, 96, dtype=torch.uint8), torch.ones(8), None)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dequantized_weights_in_the_packed_column_order(kernel, bits, dtype):
+    """What a matmul of many rows multiplies by: each weight code * scale + offset (float32:
+    the weights bit for bit; bfloat16: rounded once), its columns in packed_columns' order."""
+    gen = torch.Generator().manual_seed(bits)
+    inputs = 1600
+    codes = torch.randint(0, 2**bits, (24, inputs), generator=gen)
+    if bits == 4:
+        scales = (torch.rand(24, inputs // 32, generator=gen) / 50).half()
+        offsets = (torch.randn(24, inputs // 32, generator=gen) / 20).half()
+        weights = codes.view(24, -1, 32) * scales.float()[..., None] + offsets.float()[..., None]
+    else:
+        scales, offsets = torch.rand(24, generator=gen) / 100, None
+        weights = (codes.view(24, -1, 32) - 128) * scales[:, None, None]
+    out = torch.empty(24, inputs, dtype=dtype)
+    kernel.dequantize(pack(codes, bits), scales, offsets, out)
+    columns = packed_columns(inputs)
+    assert sorted(columns.tolist()) == list(range(inputs))
+    expected = weights.reshape(24, inputs)[:, columns]
+    if dtype == torch.float32 and bits == 4:
+        assert torch.equal(out, expected)
+    else:  # 8 bits: code * s - 128 s against (code - 128) * s, two roundings against one
+        assert torch.allclose(out.float(), expected, rtol=2**-8, atol=0)
 
 
 @pytest.mark.parametrize("bits", [4, 8])

@@ -18,7 +18,7 @@ from kvserve.model.checkpoint.gguf_file import open_gguf
 from kvserve.model.checkpoint.gguf_weights import tensor_shape, unpermute_rows
 from kvserve.model.cpu_kernels import quant_matmul
 from kvserve.model.quant.gguf_blocks import int4_blocks, int4_linear, keeps_blocks
-from kvserve.model.quant.quant_linear import Int4Linear, Int8Linear, fits
+from kvserve.model.quant.quant_linear import DENSE_ROWS, Int4Linear, Int8Linear, fits
 from kvserve.model.quant.quantize import check_quantization
 from tests.model.gguf_files import encode
 from tests.model.smollm2 import PATH as SMOLLM2
@@ -89,6 +89,33 @@ def test_packing_refuses_widths_the_kernel_cannot_run():
     for quantize in (Int4Linear.quantize, Int8Linear.quantize):
         with pytest.raises(ValueError, match="multiple of 64 input columns, got 200"):
             quantize(torch.randn(16, 200), None)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_many_rows_multiply_the_dequantized_weights(dtype):
+    """From DENSE_ROWS rows the input keeps its float values: the dtype's own matmul by the
+    same weights (columns in the packed order, the sums in another order: float rounding)."""
+    linear = random_linear(40, 576)
+    rows = DENSE_ROWS[dtype]
+    x = torch.randn(rows + 3, 576).to(dtype)
+    for packed in (
+        Int4Linear.quantize(linear.weight, None),
+        Int8Linear.quantize(linear.weight, None),
+    ):
+        expected = x.float() @ packed.dequantized().T
+        with torch.inference_mode():
+            many, few = packed(x), packed(x[: rows - 1])
+        assert many.dtype == dtype
+        tolerance = 1e-4 if dtype == torch.float32 else 2**-6
+        assert torch.allclose(
+            many.float(), expected, rtol=tolerance, atol=tolerance * expected.abs().max()
+        )
+        assert not torch.equal(few, many[: rows - 1])  # the kernel's int8 activations round
+        assert (
+            (few.float() - expected[: rows - 1]).abs()
+            <= activation_bound(x[: rows - 1].float(), packed.dequantized()) * 1.01
+            + 2**-6 * expected.abs().max()
+        ).all()
 
 
 def test_without_the_kernel_a_layer_dequantizes_the_same_weights(monkeypatch):
