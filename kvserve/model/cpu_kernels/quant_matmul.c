@@ -219,52 +219,61 @@ static inline __m256i load_bytes(const uint8_t *p, int half) {
     return _mm256_maskload_epi32((const int *)p, _mm256_cmpgt_epi32(_mm256_set1_epi32(half), lane));
 }
 
-static inline __attribute__((always_inline)) void window_rows(
-    const uint8_t *codes, int bits, const void *scales, const void *offsets, int f16,
-    const Quantized *q, int64_t m0, const int mt, int64_t K, float *res) {
-    const int64_t blocks = K / BLOCK;
+/* One window of one weight row against mt input rows, lanes 0-7 and 8-15 as two halves. */
+static inline __attribute__((always_inline)) void one_window(
+    const uint8_t *wc, const int bits, const void *scales, const void *offsets, int f16,
+    const Quantized *q, int64_t w, const int half, int64_t m0, const int mt, __m256 (*acc)[2],
+    __m256 (*off)[2]) {
     const __m256i low = _mm256_set1_epi8(0x0f), flip = _mm256_set1_epi8((char)0x80);
-    __m256 acc[TILE][2], off[TILE][2];
-    for (int m = 0; m < mt; m++)
-        acc[m][0] = acc[m][1] = off[m][0] = off[m][1] = _mm256_setzero_ps();
-    for (int64_t w = 0; w < q->windows; w++) {
-        const int half = window_blocks(blocks, w) / 2;
-        const uint8_t *wc = codes + w * (bits == 4 ? 256 : 512);
-        __m256i dot[TILE][2];
-        for (int m = 0; m < mt; m++) dot[m][0] = dot[m][1] = _mm256_setzero_si256();
-        for (int t = 0; t < STEPS; t++) {
-            __m256i u[2];
-            if (bits == 4) {
-                const __m256i v = load_bytes(wc + t * 4 * half, half);
-                u[0] = _mm256_and_si256(v, low);
-                u[1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-            } else {
-                u[0] = _mm256_xor_si256(load_bytes(wc + t * 8 * half, half), flip);
-                u[1] = _mm256_xor_si256(load_bytes(wc + t * 8 * half + 4 * half, half), flip);
-            }
-            for (int m = 0; m < mt; m++) {
-                const int8_t *xq = q->xq + ((m0 + m) * q->windows + w) * (STEPS * 64) + t * 64;
-                for (int h = 0; h < 2; h++) {
-                    const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + 32 * h));
-                    const __m256i d = bits == 4 ? dot_u4_s8(u[h], xv) : dot_s8_s8(u[h], xv);
-                    dot[m][h] = _mm256_add_epi32(dot[m][h], d);
-                }
-            }
+    __m256i dot[TILE][2];
+    for (int m = 0; m < mt; m++) dot[m][0] = dot[m][1] = _mm256_setzero_si256();
+    for (int t = 0; t < STEPS; t++) {
+        __m256i u[2];
+        if (bits == 4) {
+            const __m256i v = load_bytes(wc + t * 4 * half, half);
+            u[0] = _mm256_and_si256(v, low);
+            u[1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+        } else {
+            u[0] = _mm256_xor_si256(load_bytes(wc + t * 8 * half, half), flip);
+            u[1] = _mm256_xor_si256(load_bytes(wc + t * 8 * half + 4 * half, half), flip);
         }
-        for (int h = 0; h < 2; h++) {
-            const int64_t b0 = w * WINDOW + h * half;
-            const __m256 s = bits == 4 ? lanes8(scales, b0, half, f16) : _mm256_set1_ps(1.0f);
-            const __m256 o = bits != 4 ? _mm256_setzero_ps()
-                             : offsets ? lanes8(offsets, b0, half, f16)
-                                       : _mm256_mul_ps(s, _mm256_set1_ps(-8.0f));
-            for (int m = 0; m < mt; m++) {
-                const int64_t at = ((m0 + m) * q->windows + w) * WINDOW + 8 * h;
-                const __m256 sd = _mm256_mul_ps(s, _mm256_loadu_ps(q->dx + at));
-                acc[m][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[m][h]), sd, acc[m][h]);
-                off[m][h] = _mm256_fmadd_ps(o, _mm256_loadu_ps(q->xs + at), off[m][h]);
+        for (int m = 0; m < mt; m++) {
+            const int8_t *xq = q->xq + ((m0 + m) * q->windows + w) * (STEPS * 64) + t * 64;
+            for (int h = 0; h < 2; h++) {
+                const __m256i xv = _mm256_load_si256((const __m256i *)(xq + 32 * h));
+                const __m256i d = bits == 4 ? dot_u4_s8(u[h], xv) : dot_s8_s8(u[h], xv);
+                dot[m][h] = _mm256_add_epi32(dot[m][h], d);
             }
         }
     }
+    for (int h = 0; h < 2; h++) {
+        const int64_t b0 = w * WINDOW + h * half;
+        const __m256 s = bits == 4 ? lanes8(scales, b0, half, f16) : _mm256_set1_ps(1.0f);
+        const __m256 o = bits != 4 ? _mm256_setzero_ps()
+                         : offsets ? lanes8(offsets, b0, half, f16)
+                                   : _mm256_mul_ps(s, _mm256_set1_ps(-8.0f));
+        for (int m = 0; m < mt; m++) {
+            const int64_t at = ((m0 + m) * q->windows + w) * WINDOW + 8 * h;
+            const __m256 sd = _mm256_mul_ps(s, _mm256_load_ps(q->dx + at));
+            acc[m][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[m][h]), sd, acc[m][h]);
+            off[m][h] = _mm256_fmadd_ps(o, _mm256_load_ps(q->xs + at), off[m][h]);
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void window_rows(
+    const uint8_t *codes, const int bits, const void *scales, const void *offsets, int f16,
+    const Quantized *q, int64_t m0, const int mt, int64_t K, float *res) {
+    const int64_t blocks = K / BLOCK, whole = blocks / WINDOW;
+    const int64_t window_bytes = bits == 4 ? 256 : 512;
+    __m256 acc[TILE][2], off[TILE][2];
+    for (int m = 0; m < mt; m++)
+        acc[m][0] = acc[m][1] = off[m][0] = off[m][1] = _mm256_setzero_ps();
+    for (int64_t w = 0; w < whole; w++)
+        one_window(codes + w * window_bytes, bits, scales, offsets, f16, q, w, 8, m0, mt, acc, off);
+    if (whole < q->windows)
+        one_window(codes + whole * window_bytes, bits, scales, offsets, f16, q, whole,
+                   window_blocks(blocks, whole) / 2, m0, mt, acc, off);
     for (int m = 0; m < mt; m++) {
         const float dot = sum8(_mm256_add_ps(acc[m][0], acc[m][1]));
         res[m] = bits == 4 ? dot + sum8(_mm256_add_ps(off[m][0], off[m][1]))
