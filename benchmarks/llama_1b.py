@@ -14,7 +14,7 @@ token ids for every engine, from the default model's tokenizer and chat template
 
 1. **One request at a time**: `--prompts` chats one after the other, `--tokens` each.
    llama.cpp (`llama-cpp-python`, Q4_0 as it is) against kvserve on the same GGUF file
-   (`quantization="gguf"`: the Q4_0 blocks packed for torch's int4 kernel, float32 or
+   (`quantization="gguf"`: the Q4_0 blocks on kvserve's packed kernel, float32 or
    bfloat16 activations) and on the HF directory. Also the memory bound: a row's weight
    bytes read per token over the copy bandwidth measured here (torch `copy_` of 1 GiB
    with the same threads, STREAM's convention: bytes read plus written); the Q4_0 rows are
