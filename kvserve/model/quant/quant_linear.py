@@ -22,6 +22,7 @@ dequantizes its weight on each call: the same weights, float activations, slow.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from functools import cache
 from typing import ClassVar
@@ -49,9 +50,9 @@ multiply-adds there, a float matmul library far less. Measured on the default mo
 layers (docs/quantization.md): 1,000 rows in bfloat16 take 0.3x the integer kernel's
 time, in float32 0.7x; the crossings are near these counts."""
 
-_scratch: dict[torch.dtype, torch.Tensor] = {}
-"""One dequantized weight at a time, per dtype, reused (a fresh one per call pays the page
-faults of its first touch)."""
+_scratch = threading.local()
+"""Per thread (engines stepping in threads of one process), per dtype: one dequantized
+weight at a time, reused (a fresh one per call pays the page faults of its first touch)."""
 
 
 class PackedLinear(nn.Module):
@@ -89,9 +90,10 @@ class PackedLinear(nn.Module):
             out = nn.functional.linear(x.float(), self.dequantized().to(x.device)).to(x.dtype)
         elif x.shape[0] >= DENSE_ROWS[dtype]:
             size = self.out_features * self.in_features
-            buffer = _scratch.get(dtype)
+            buffers: dict[torch.dtype, torch.Tensor] = _scratch.__dict__.setdefault("by_dtype", {})
+            buffer = buffers.get(dtype)
             if buffer is None or buffer.numel() < size:
-                buffer = _scratch[dtype] = torch.empty(size, dtype=dtype)
+                buffer = buffers[dtype] = torch.empty(size, dtype=dtype)
             weight = buffer[:size].view(self.out_features, self.in_features)
             kernel.dequantize(self.codes, self.scales, self.offsets, weight)
             columns = x.to(dtype).index_select(1, _columns(self.in_features))
