@@ -22,7 +22,7 @@ MAY_IMPORT = {
     "sampling": set(),
     "pooling": set(),
     "layers": {"checkpoint", "cpu_kernels"},
-    "quant": {"checkpoint"},
+    "quant": {"checkpoint", "cpu_kernels"},
     "cpu_kernels": set(),
     "attention": {"layers", "cpu_kernels"},
     "memory": {"checkpoint", "layers"},
