@@ -1,7 +1,8 @@
-"""Small C kernels for the CPU where torch ships none (built with the system compiler).
+"""Small C kernels for the CPU where torch ships none, or a slower one (packed weights).
 
 Compiled by the system C compiler (-march=native, no torch headers: under a second) and
-cached on disk; without a compiler torch's own ops run. Files:
+cached on disk; without a compiler torch's own ops run (packed layers dequantize per
+call). Files:
 
     cpu_features.py the CPU's model and the flags that decide its fast dtype (avx2,
                     avx512f, avx512_bf16, amx_bf16, VNNI): native bfloat16 or not, from
@@ -20,9 +21,10 @@ cached on disk; without a compiler torch's own ops run. Files:
                     roundings in torch's places
     quant_matmul.c, quant_matmul.py  4-bit and 8-bit weight matmuls: int8 activations
                     in blocks of 32, integer dot products on AVX-512 VNNI, AVX-VNNI, AVX2
-                    or plain C; any dtype's packed layers (kvserve.model.quant) use it
-    quant_layout.py its weight layout (windows of 16 blocks, 8 steps of 4 columns), packed
-                    and unpacked with torch
+                    or plain C; enabled by the first packed layer (kvserve.model.quant),
+                    any dtype; quant_dequantize.c: the weights as floats for many rows
+    quant_layout.py, quant_layout.h  its weight layout (windows of 16 blocks, 8 steps of
+                    4 columns), packed and unpacked with torch; the C side's constants
     switch.py       enabled once by a bfloat16 CPU runner, process-wide
                     (KVSERVE_CPU_KERNELS=0 turns them off); float32 keeps torch's ops
 """
