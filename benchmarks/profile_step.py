@@ -40,7 +40,8 @@ from machine import machine_line
 KINDS = {
     "GEMM": ("aten::mm", "aten::addmm", "aten::linear", "aten::bmm", "aten::matmul",
              "aten::_weight_int8pack_mm", "aten::_weight_int4pack_mm",
-             "aten::_weight_int4pack_mm_for_cpu", "mkldnn", "aten::_linear_pointwise"),
+             "aten::_weight_int4pack_mm_for_cpu", "mkldnn", "aten::_linear_pointwise",
+             "kvserve::quant_matmul", "kvserve::quant_dequantize"),
     "attention": ("aten::_scaled_dot_product", "aten::scaled_dot_product", "flash"),
     "KV gather / write": ("aten::index_select", "aten::index_copy", "aten::index",
                           "aten::index_put"),
