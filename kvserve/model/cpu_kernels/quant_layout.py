@@ -46,11 +46,18 @@ def _steps(codes: torch.Tensor, first: int, count: int) -> tuple[torch.Tensor, t
     return window[:, :, :half], window[:, :, half:]
 
 
+def check_width(in_features: int) -> None:
+    """Refuse, by name, a width the kernel cannot run."""
+    if not fits(in_features):
+        raise ValueError(
+            f"a packed weight needs a multiple of {CHUNK} input columns, got {in_features}"
+        )
+
+
 def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
     """codes [N, K] (0..15 for 4 bits, 0..255 for 8) -> the kernel's uint8 rows."""
     rows, width = codes.shape
-    if not fits(width):
-        raise ValueError(f"a packed weight needs a multiple of {CHUNK} columns, got {width}")
+    check_width(width)
     codes = codes.to(torch.uint8)
     parts = []
     for first, count in windows(width):

@@ -34,6 +34,7 @@ from kvserve.model.cpu_kernels import quant_matmul
 from kvserve.model.cpu_kernels.quant_layout import (
     BLOCK,
     CHUNK,
+    check_width,
     fits,
     pack,
     packed_columns,
@@ -50,9 +51,16 @@ multiply-adds there, a float matmul library far less. Measured on the default mo
 layers (docs/quantization.md): 1,000 rows in bfloat16 take 0.3x the integer kernel's
 time, in float32 0.7x; the crossings are near these counts."""
 
-_scratch = threading.local()
-"""Per thread (engines stepping in threads of one process), per dtype: one dequantized
-weight at a time, reused (a fresh one per call pays the page faults of its first touch)."""
+
+class _Scratch(threading.local):
+    """Per thread (engines stepping in threads of one process), per dtype: one dequantized
+    weight at a time, reused (a fresh one per call pays the page faults of its first touch)."""
+
+    def __init__(self) -> None:
+        self.by_dtype: dict[torch.dtype, torch.Tensor] = {}
+
+
+_scratch = _Scratch()
 
 
 class PackedLinear(nn.Module):
@@ -90,10 +98,9 @@ class PackedLinear(nn.Module):
             out = nn.functional.linear(x.float(), self.dequantized().to(x.device)).to(x.dtype)
         elif x.shape[0] >= DENSE_ROWS[dtype]:
             size = self.out_features * self.in_features
-            buffers: dict[torch.dtype, torch.Tensor] = _scratch.__dict__.setdefault("by_dtype", {})
-            buffer = buffers.get(dtype)
+            buffer = _scratch.by_dtype.get(dtype)
             if buffer is None or buffer.numel() < size:
-                buffer = buffers[dtype] = torch.empty(size, dtype=dtype)
+                buffer = _scratch.by_dtype[dtype] = torch.empty(size, dtype=dtype)
             weight = buffer[:size].view(self.out_features, self.in_features)
             kernel.dequantize(self.codes, self.scales, self.offsets, weight)
             columns = x.to(dtype).index_select(1, _columns(self.in_features))
@@ -149,7 +156,6 @@ class Int8Linear(PackedLinear):
     def quantize(cls, weight: torch.Tensor, bias: torch.Tensor | None) -> Int8Linear:
         """Round each row to 255 levels around 0; its scale maps the row's largest |w| to 127."""
         w = weight.detach().float()
-        check_width(w.shape[1])
         scales = w.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127
         q = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int32)
         return cls(pack(q + 128, 8), scales, None, bias)
@@ -174,7 +180,6 @@ class Int4Linear(PackedLinear):
     ) -> Int4Linear:
         """`codes` [N, K] in 0..15; `scales` and `offsets` [N, K / 32], float16 or float32
         (offsets None: -8 * scales)."""
-        check_width(codes.shape[1])
         return cls(pack(codes, 4), scales.contiguous(), offsets, bias)
 
     @classmethod
@@ -205,13 +210,6 @@ class Int4Linear(PackedLinear):
 @cache
 def _columns(in_features: int) -> torch.Tensor:
     return packed_columns(in_features)
-
-
-def check_width(in_features: int) -> None:
-    if not fits(in_features):
-        raise ValueError(
-            f"a packed weight needs a multiple of {CHUNK} input columns, got {in_features}"
-        )
 
 
 def stacked_bias(parts: Sequence[nn.Linear | PackedLinear]) -> torch.Tensor | None:
