@@ -45,7 +45,7 @@ from kvserve.model.attention.step_metadata import check_backend, step_metadata
 from kvserve.model.checkpoint.tokenizer import load_tokenizer
 from kvserve.model.chunk_check import check_chunk
 from kvserve.model.cpu_kernels.cpu_features import detect as detect_cpu
-from kvserve.model.cpu_kernels.switch import enable_for as enable_cpu_kernels
+from kvserve.model.cpu_kernels.switch import CpuKernels, enable_cpu_kernels
 from kvserve.model.cpu_malloc import keep_freed_memory
 from kvserve.model.device import (
     cpu_dtype_reason,
@@ -74,6 +74,8 @@ logger = logging.getLogger(__name__)
 
 class ModelRunner:
     """Owns the model, its paged K/V tensors and the per-request random generators."""
+
+    cpu_kernels = CpuKernels()  # which C kernels its steps run (set on the CPU with the pool)
 
     def __init__(
         self,
@@ -179,9 +181,7 @@ class ModelRunner:
                 memory = cpu_kv_cache_memory()
             num_blocks = num_blocks_for(memory, self.bytes_per_block)
         elif num_blocks < 2:
-            raise ValueError(
-                f"num_blocks must be >= 2 (block 0 is the null block), got {num_blocks}"
-            )
+            raise ValueError(f"num_blocks must be >= 2 (block 0 is null), got {num_blocks}")
         self.num_blocks = num_blocks
         mib, kind = num_blocks * self.bytes_per_block / 2**20, str(self.dtype)[len("torch.") :]
         logger.info(
@@ -191,9 +191,9 @@ class ModelRunner:
         if cpu is not None:  # said once the model loaded: a load error stays one line
             logger.info(cpu_dtype_reason(dtype, self.dtype, cpu, quantization, self.exact))
             kept = ", freed memory kept (glibc)" if keep_freed_memory() else ""
-            kernels = enable_cpu_kernels(self.dtype)  # bfloat16 only; the log's words
-            threads, runtime = torch.get_num_threads(), openmp_runtime()
-            logger.info("CPU: %d thread(s), %s%s%s", threads, runtime, kept, kernels)
+            self.cpu_kernels = enable_cpu_kernels(self.dtype, self.exact)
+            threads, runtime, kernels = torch.get_num_threads(), openmp_runtime(), self.cpu_kernels
+            logger.info("CPU: %d thread(s), %s%s%s", threads, runtime, kept, kernels.words)
         self.kv_tensors, self.kv_caches = self.allocate_pool(num_blocks)
         if self.draft is not None:
             self.draft.allocate(num_blocks)
@@ -279,7 +279,7 @@ class ModelRunner:
             elif chunk.sample:
                 rows.append(last)
                 sampled.append(chunk)
-        with torch.inference_mode():
+        with torch.inference_mode(), self.cpu_kernels.scope():
             graphs = self.decode_graphs
             hidden = None if graphs is None else graphs.forward(chunks)
             if hidden is None:

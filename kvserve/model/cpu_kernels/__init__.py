@@ -9,22 +9,25 @@ call). Files:
                     /proc/cpuinfo or torch; KVSERVE_CPU_FEATURES overrides (no torch import)
     build.py        the compile and its cache (~/.cache/kvserve/kernels, keyed by source,
                     flags, compiler and CPU flags)
-    attention.c     bfloat16 attention: paged decode (each row's context read in
-                    place through its slots) and a prefill's causal attention, fresh
-                    or after a cached prefix (its keys read through the slots; AVX-512
-                    bfloat16 dot products: one pass of scores, exact row maxima, then
-                    the weights times the values); SDPA's roundings
+    attention.c     attention: paged decode for bfloat16 and float32 caches
+                    (decode_attention.h, written once for both: each row's context
+                    read in place through its slots) and a bfloat16 prefill's causal
+                    attention, fresh or after a cached prefix (its keys read through
+                    the slots; AVX-512 bfloat16 dot products: one pass of scores, exact
+                    row maxima, then the weights times the values); SDPA's roundings
     attention.py    their ctypes binding; with it on, a step's decodes are one group
                     in batch order (no padding read, no rows gathered)
-    layer_ops.c, layer_ops.py  RMSNorm (with the residual add before it), the
-                    rotary embedding, SiLU-and-multiply: one call each, torch's
-                    roundings in torch's places
+    layer_ops.c, layer_ops.h, layer_ops.py  RMSNorm (with the residual add before
+                    it), the rotary embedding, SiLU-and-multiply: one call each, for
+                    bfloat16 (torch's roundings in torch's places) and float32
     quant_matmul.c, quant_matmul.py  4-bit and 8-bit weight matmuls: int8 activations
                     in blocks of 32, integer dot products on AVX-512 VNNI, AVX-VNNI, AVX2
                     or plain C; enabled by the first packed layer (kvserve.model.quant),
                     any dtype; quant_dequantize.c: the weights as floats for many rows
     quant_layout.py, quant_layout.h  its weight layout (windows of 16 blocks, 8 steps of
                     4 columns), packed and unpacked with torch; the C side's constants
-    switch.py       enabled once by a bfloat16 CPU runner, process-wide
-                    (KVSERVE_CPU_KERNELS=0 turns them off); float32 keeps torch's ops
+    switch.py       enabled once by a bfloat16 or a fast float32 CPU runner,
+                    process-wide (KVSERVE_CPU_KERNELS=0 turns them off)
+    float32_scope.py  float32 takes them only inside a fast float32 runner's step (per
+                    thread): an exact engine of the same process keeps torch's ops
 """

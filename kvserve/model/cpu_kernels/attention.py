@@ -1,5 +1,6 @@
-"""Attention for bfloat16 on the CPU in C: paged decode (one call a layer, no gathered
-context), and a prefill's causal attention (fresh, or after a cached prefix).
+"""Attention on the CPU in C: paged decode for bfloat16 and float32 (one call a layer, no
+gathered context), and a bfloat16 prefill's causal attention (fresh, or after a cached
+prefix).
 
 torch's CPU attention for a decode step first gathers each row's keys and
 values out of the paged cache (`index_select`) into a padded copy, then runs
@@ -10,8 +11,9 @@ SDPA's arithmetic (float32 scores, softmax and sums; the probabilities rounded
 to bfloat16 before they weight the values, as its flash kernel does: without
 that rounding the default model's greedy tokens left float32's and vLLM's
 within five tokens of a benchmark prompt), in 0.11-0.45x the time of gather +
-SDPA (benchmarks/README.md, "cpu_kernels"). float32 keeps SDPA: its exact mode is
-token for token with transformers.
+SDPA (benchmarks/README.md, "cpu_kernels"). float32's decode keeps every product in
+float32; it runs only inside a fast float32 runner's step (float32_scope): the exact
+mode keeps SDPA, token for token with transformers.
 
 A causal prefill without a window or soft-cap runs on AVX-512's bfloat16 dot
 products where the CPU has them: its scores in one pass, exact row maxima, then
@@ -33,6 +35,7 @@ from pathlib import Path
 import torch
 
 from kvserve.model.cpu_kernels.build import FLOAT, INT, INT64, POINTER, Built, function, load
+from kvserve.model.cpu_kernels.float32_scope import float32_on
 
 SOURCE = Path(__file__).with_name("attention.c")
 
@@ -40,13 +43,15 @@ _P, _I, _L, _F = POINTER, INT, INT64, FLOAT
 
 
 class AttentionKernel:
-    """The loaded library's `decode_attention_bf16` and `prefill_attention_bf16`."""
+    """The loaded library's `decode_attention_bf16`, `decode_attention_f32` and
+    `prefill_attention_bf16`."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
-        self._fn = function(
-            library, "decode_attention_bf16", _I, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I,
-            _F, _F, _I,
-        )  # fmt: skip
+        decode_args = (_I, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _F, _F, _I)
+        self._decode = {
+            torch.bfloat16: function(library, "decode_attention_bf16", *decode_args),
+            torch.float32: function(library, "decode_attention_f32", *decode_args),
+        }
         self._prefill = function(
             library, "prefill_attention_bf16", _I, _P, _L, _P, _L, _P, _L, _P, _I, _P, _I,
             _I, _I, _I, _F, _I,
@@ -57,14 +62,16 @@ class AttentionKernel:
         products); SDPA's flash kernel runs prefills otherwise."""
 
     def handles(self, query: torch.Tensor, k_flat: torch.Tensor) -> bool:
-        """What the kernel computes: bfloat16 on the CPU, a contiguous cache, head sizes in
-        multiples of 16 up to 256, at most 16 query heads a kv head."""
+        """What the kernel computes: bfloat16 (or float32 in a fast float32 step) on the CPU,
+        a contiguous cache, head sizes in multiples of 16 up to 256, at most 16 query heads
+        a kv head."""
         heads, dim = query.shape[1], query.shape[2]
         kv_heads = k_flat.shape[1]
+        dtype = query.dtype
         return (
-            query.dtype == torch.bfloat16
+            (dtype == torch.bfloat16 or (dtype == torch.float32 and float32_on()))
             and query.device.type == "cpu"
-            and k_flat.dtype == torch.bfloat16
+            and k_flat.dtype == dtype
             and k_flat.is_contiguous()
             and dim % 16 == 0
             and dim <= 256
@@ -88,7 +95,7 @@ class AttentionKernel:
         batch, heads, dim = query.shape
         out = torch.empty_like(query)
         slots = slots.contiguous()
-        status = self._fn(
+        status = self._decode[query.dtype](
             query.data_ptr(),
             k_flat.data_ptr(),
             v_flat.contiguous().data_ptr(),

@@ -12,7 +12,7 @@ import torch
 from kvserve.model.cpu_kernels import attention, layer_ops
 from kvserve.model.cpu_kernels.attention import SOURCE
 from kvserve.model.cpu_kernels.build import build
-from kvserve.model.cpu_kernels.switch import enable_for
+from kvserve.model.cpu_kernels.switch import CpuKernels, enable_cpu_kernels
 
 
 def test_the_library_is_built_once_and_then_found_in_the_cache(tmp_path, monkeypatch):
@@ -52,18 +52,22 @@ def forget_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_the_switch_and_the_load_log_words(tmp_path, monkeypatch):
     forget_kernels(monkeypatch)
     monkeypatch.setenv("KVSERVE_CPU_KERNELS", "0")
-    assert enable_for(torch.float32) == ""  # float32 keeps torch's ops
-    assert enable_for(torch.bfloat16) == ", torch's ops only (KVSERVE_CPU_KERNELS=0)"
+    assert enable_cpu_kernels(torch.float32, exact=True) == CpuKernels()  # torch's ops
+    assert enable_cpu_kernels(torch.float16, exact=False) == CpuKernels()
+    off = enable_cpu_kernels(torch.bfloat16, exact=False)
+    assert off == CpuKernels(", torch's ops only (KVSERVE_CPU_KERNELS=0)")
     assert attention.kernel() is None and layer_ops.ops() is None
     forget_kernels(monkeypatch)
     monkeypatch.delenv("KVSERVE_CPU_KERNELS")
     monkeypatch.setenv("KVSERVE_KERNEL_CACHE", str(tmp_path))
-    words = enable_for(torch.bfloat16)
+    words = enable_cpu_kernels(torch.bfloat16, exact=False).words
     if attention.kernel() is None or layer_ops.ops() is None:
         pytest.skip(f"no kernels here: {words}")
     assert words.startswith(", C kernels for decode attention and the layers' small ops (built")
     forget_kernels(monkeypatch)
-    assert enable_for(torch.bfloat16).endswith("small ops (cached)")
+    cached = enable_cpu_kernels(torch.float32, exact=False)  # float32's steps take them too
+    assert cached.float32 and cached.words.endswith("small ops (cached)")
+    assert not enable_cpu_kernels(torch.bfloat16, exact=True).float32  # exact is float32's
 
 
 @pytest.mark.slow
@@ -82,13 +86,13 @@ def test_a_bfloat16_engine_decodes_through_the_kernel(monkeypatch, caplog, tmp_p
         pytest.skip("no kernel here")
     assert "C kernels for decode attention and the layers' small ops (built in" in caplog.text
     calls = []
-    real = paged._fn
+    real = paged._decode[torch.bfloat16]
 
     def counted(*args):
         calls.append(args[6])  # the batch
         return real(*args)
 
-    monkeypatch.setattr(paged, "_fn", counted)
+    monkeypatch.setitem(paged._decode, torch.bfloat16, counted)
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     outs = llm.generate(["The capital of France is", "One, two, three,"], params)
     assert all(len(o.outputs[0].token_ids) == 4 for o in outs)
@@ -97,9 +101,9 @@ def test_a_bfloat16_engine_decodes_through_the_kernel(monkeypatch, caplog, tmp_p
 
 LOAD_AND_DIVIDE = """
 import sys
-from kvserve.model.cpu_kernels.switch import enable_for
+from kvserve.model.cpu_kernels.switch import enable_cpu_kernels
 import torch
-words = enable_for(torch.bfloat16)
+words = enable_cpu_kernels(torch.bfloat16, exact=False).words
 tiny = float(sys.argv[1])
 half = torch.tensor([tiny], dtype=torch.float32) * 0.5
 print("kernels" in words, tiny / 2 > 0, bool(half[0] > 0), words)
