@@ -21,6 +21,8 @@ the weights (rounded to bfloat16, as SDPA's flash kernel rounds them) times the
 values; 0.45x SDPA's time at 256 tokens, 0.56x at 1,000. A fresh prefill reads
 its own new rows; one after a cached prefix reads its keys in place through the
 context's slots (chat prompts, whose template's system prompt is a cache hit).
+float32 (AVX-512) has its own prefill: the same two passes with float32 FMAs in
+register tiles of 4 rows x 32 keys, nothing rounded.
 
 `enable()` builds (or finds cached) the library once per process; until
 then, and wherever it cannot be built, `kernel()` is None and the caller
@@ -43,8 +45,7 @@ _P, _I, _L, _F = POINTER, INT, INT64, FLOAT
 
 
 class AttentionKernel:
-    """The loaded library's `decode_attention_bf16`, `decode_attention_f32` and
-    `prefill_attention_bf16`."""
+    """The loaded library's decode and prefill attention, for bfloat16 and float32."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
         decode_args = (_I, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _F, _F, _I)
@@ -52,14 +53,16 @@ class AttentionKernel:
             torch.bfloat16: function(library, "decode_attention_bf16", *decode_args),
             torch.float32: function(library, "decode_attention_f32", *decode_args),
         }
-        self._prefill = function(
-            library, "prefill_attention_bf16", _I, _P, _L, _P, _L, _P, _L, _P, _I, _P, _I,
-            _I, _I, _I, _F, _I,
-        )  # fmt: skip
+        prefill_args = (_I, _P, _L, _P, _L, _P, _L, _P, _I, _P, _I, _I, _I, _I, _F, _I)
+        self._prefill = {
+            torch.bfloat16: function(library, "prefill_attention_bf16", *prefill_args),
+            torch.float32: function(library, "prefill_attention_f32", *prefill_args),
+        }
         probe = (None, 0, None, 0, None, 0, None, 0, None, 0, 1, 1, 64, 1.0, 1)
-        self.can_prefill = self._prefill(*probe) == 0
-        """Whether this machine's build has the prefill kernel (AVX-512 with bfloat16 dot
-        products); SDPA's flash kernel runs prefills otherwise."""
+        self.prefill_dtypes = frozenset(t for t, fn in self._prefill.items() if fn(*probe) == 0)
+        """The dtypes whose prefill this machine's build computes (bfloat16: AVX-512 with
+        bfloat16 dot products; float32: AVX-512); SDPA's flash kernel runs the others."""
+        self.can_prefill = torch.bfloat16 in self.prefill_dtypes
 
     def handles(self, query: torch.Tensor, k_flat: torch.Tensor) -> bool:
         """What the kernel computes: bfloat16 (or float32 in a fast float32 step) on the CPU,
@@ -119,14 +122,16 @@ class AttentionKernel:
         return out
 
     def prefills(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-        """Whether `prefill` computes this causal prefill: bfloat16 [T, heads, dim] queries
-        and [*, kv_heads, dim] keys and values (a fresh prefill's own rows or the flat
-        caches) on the CPU, any row stride, head sizes in multiples of 64 up to 256, at
-        most 16 query heads a kv head."""
-        dim = q.shape[-1]
+        """Whether `prefill` computes this causal prefill: [T, heads, dim] queries and
+        [*, kv_heads, dim] keys and values (a fresh prefill's own rows or the flat caches)
+        of one dtype the build computes (float32 in a fast float32 step only) on the CPU,
+        any row stride, head sizes in multiples of 64 up to 256, at most 16 query heads a
+        kv head."""
+        dim, dtype = q.shape[-1], q.dtype
         return (
-            self.can_prefill
-            and q.dtype == k.dtype == v.dtype == torch.bfloat16
+            dtype in self.prefill_dtypes
+            and (dtype == torch.bfloat16 or float32_on())
+            and k.dtype == v.dtype == dtype
             and q.device.type == "cpu"
             and all(t.dim() == 3 and t.stride(2) == 1 and t.stride(1) == dim for t in (q, k, v))
             and dim % 64 == 0
@@ -150,13 +155,13 @@ class AttentionKernel:
         are positions C - T .. C - 1 after a cached prefix, and key j is row slots[j] of the
         flat caches k, v ([num_slots, kv_heads, dim]), every new key already written."""
         length, heads, dim = q.shape
-        if not out.is_contiguous() or out.shape != q.shape or out.dtype != torch.bfloat16:
+        if not out.is_contiguous() or out.shape != q.shape or out.dtype != q.dtype:
             raise ValueError(f"prefill attention writes a contiguous {tuple(q.shape)} output")
         context = length
         if slots is not None:
             slots = slots.contiguous()
             context = slots.shape[0]
-        status = self._prefill(
+        status = self._prefill[q.dtype](
             q.data_ptr(),
             q.stride(0),
             k.data_ptr(),

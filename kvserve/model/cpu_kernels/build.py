@@ -110,12 +110,18 @@ def _key(source: bytes, compiler: str, flags: tuple[str, ...]) -> str:
     return digest.hexdigest()[:16]
 
 
+CFLAGS_ENV = "KVSERVE_KERNEL_CFLAGS"
+"""Compile flags added after FLAGS (part of the cache key): `-mno-avx512f` builds the kernels
+as for a CPU without AVX-512, with KVSERVE_CPU_FEATURES=avx2 and torch's own caps
+(benchmarks/README.md measures an AVX2-only CPU that way)."""
+
+
 def load(source: Path) -> tuple[ctypes.CDLL | None, Built]:
     """The library of `source`, built or found in the cache, and how; none (and why) when
     $KVSERVE_CPU_KERNELS=0 turns the kernels off, or it cannot be built or loaded."""
     if os.environ.get("KVSERVE_CPU_KERNELS", "1") == "0":
         return None, Built(None, 0.0, "KVSERVE_CPU_KERNELS=0")
-    built = build(source)
+    built = build(source, tuple(os.environ.get(CFLAGS_ENV, "").split()))
     if built.path is None:
         return None, built
     try:

@@ -10,7 +10,8 @@ elsewhere torch's own checks.
 `KVSERVE_CPU_FEATURES` overrides the flags (tests, or to see what kvserve would choose on
 another CPU): names from FEATURES separated by spaces or commas, or `none`; e.g.
 `KVSERVE_CPU_FEATURES=avx2` acts as an AVX2-only CPU. It changes kvserve's choices only,
-not the instructions torch runs (ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 do that).
+not the instructions torch runs (ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 do that)
+nor the C kernels' (KVSERVE_KERNEL_CFLAGS=-mno-avx512f, kvserve.model.cpu_kernels.build).
 """
 
 from __future__ import annotations

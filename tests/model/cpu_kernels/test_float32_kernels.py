@@ -65,6 +65,45 @@ def test_float32_decode_through_the_tiles_windows_and_soft_capping(
             assert_float32_close(out, expected)
 
 
+def causal_reference(q, k, v, scale):
+    """float64 causal attention of the last len(q) positions of a sequence over its keys
+    (all of k)."""
+    length, heads, kv_heads = q.shape[0], q.shape[1], k.shape[1]
+    context = k.shape[0]
+    keys = k.double().repeat_interleave(heads // kv_heads, 1)
+    values = v.double().repeat_interleave(heads // kv_heads, 1)
+    scores = torch.einsum("thd,shd->hts", q.double(), keys) * scale
+    positions = torch.arange(context - length, context)[:, None]
+    scores = scores.masked_fill(torch.arange(context)[None, :] > positions, -torch.inf)
+    return torch.einsum("hts,shd->thd", scores.softmax(-1), values)
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (2, 2, 128), (16, 1, 64)])
+def test_float32_prefill_fresh_and_after_a_cached_prefix(attention_kernel, heads, kv_heads, dim):
+    """Every length through the tiles (16 positions an item, 4 score rows and 32 keys a
+    register tile), fresh and after a cached prefix read through its slots."""
+    if torch.float32 not in attention_kernel.prefill_dtypes:
+        pytest.skip("no float32 prefill kernel in this build (AVX-512)")
+    gen = torch.Generator().manual_seed(heads + dim)
+    scale = dim**-0.5
+    with float32_kernels(True):
+        for length in [*range(1, 41), 100]:
+            q = 3 * torch.randn(length, heads, dim, generator=gen)
+            k, v = (torch.randn(length, kv_heads, dim, generator=gen) for _ in range(2))
+            assert attention_kernel.prefills(q, k, v)
+            out = torch.empty_like(q)
+            attention_kernel.prefill(q, k, v, out, scale)
+            assert_float32_close(out, causal_reference(q, k, v, scale))
+        k_flat, v_flat = (torch.randn(500, kv_heads, dim, generator=gen) for _ in range(2))
+        slots = torch.randperm(499, generator=gen)[:90] + 1
+        q = 3 * torch.randn(37, heads, dim, generator=gen)  # positions 53 .. 89
+        out = torch.empty_like(q)
+        attention_kernel.prefill(q, k_flat, v_flat, out, scale, slots)
+        expected = causal_reference(q, k_flat[slots], v_flat[slots], scale)
+        assert_float32_close(out, expected)
+    assert not attention_kernel.prefills(q, k_flat, v_flat)  # outside a fast step
+
+
 def test_the_float32_paths_run_only_inside_a_fast_step_of_their_own_thread(attention_kernel, fused):
     query, k_flat = torch.zeros(1, 4, 64), torch.zeros(8, 2, 64)
     x, weight = torch.zeros(3, 64), torch.ones(64)
@@ -120,19 +159,21 @@ def test_a_float32_step_attends_through_the_kernel_as_gather_and_sdpa_do(
     lengths = [int(n) for n in torch.randint(1, 90, (11,), generator=gen)]
     free = iter(torch.randperm(79, generator=gen).add(1).tolist())
     spans = [(n - 1, 1, [next(free) for _ in range(-(-n // bs))], 0) for n in lengths]
-    q = torch.randn(len(lengths), heads, dim, generator=gen)
-    k, v = (torch.randn(len(lengths), kv_heads, dim, generator=gen) for _ in range(2))
+    spans.append((0, 20, [next(free), next(free)], 0))  # a fresh prefill
+    tokens = len(lengths) + 20
+    q = torch.randn(tokens, heads, dim, generator=gen)
+    k, v = (torch.randn(tokens, kv_heads, dim, generator=gen) for _ in range(2))
     monkeypatch.setattr(attention, "_kernel", attention_kernel)
     meta = AttentionMetadata.build(spans, bs, CPU)
     plain = paged_attention(q, k, v, *(c.clone() for c in caches), meta, dim**-0.5)
-    calls: list[int] = []
-    decode = attention_kernel.decode
-    monkeypatch.setattr(
-        attention_kernel, "decode", lambda query, *a: calls.append(len(query)) or decode(query, *a)
-    )
+    calls: list[tuple[str, int]] = []
+    for name in ("decode", "prefill"):
+        real = getattr(attention_kernel, name)
+        monkeypatch.setattr(attention_kernel, name, recorded(real, name, calls))
     with float32_kernels(True):
         fast = paged_attention(q, k, v, *(c.clone() for c in caches), meta, dim**-0.5)
-    assert calls == [len(lengths)]
+    prefilled = torch.float32 in attention_kernel.prefill_dtypes
+    assert calls == [("prefill", 20)] * prefilled + [("decode", len(lengths))]
     torch.testing.assert_close(fast, plain, rtol=1e-5, atol=1e-5)
 
 
@@ -168,5 +209,13 @@ def counted(fn, calls: list[str], name: str):
         if out is not None:
             calls.append(name)
         return out
+
+    return wrapper
+
+
+def recorded(fn, name: str, calls: list[tuple[str, int]]):
+    def wrapper(query, *args):
+        calls.append((name, len(query)))
+        return fn(query, *args)
 
     return wrapper

@@ -11,8 +11,9 @@ import torch
 
 from kvserve.model.cpu_kernels import attention, layer_ops
 from kvserve.model.cpu_kernels.attention import SOURCE
-from kvserve.model.cpu_kernels.build import build
+from kvserve.model.cpu_kernels.build import CFLAGS_ENV, build
 from kvserve.model.cpu_kernels.switch import CpuKernels, enable_cpu_kernels
+from tests.model.cpu_kernels.conftest import PORTABLE
 
 
 def test_the_library_is_built_once_and_then_found_in_the_cache(tmp_path, monkeypatch):
@@ -125,3 +126,20 @@ def test_loading_the_kernels_keeps_the_process_subnormals(tmp_path):
     if loaded != "True":
         pytest.skip(f"no kernels here: {done.stdout}")
     assert (python_keeps, torch_keeps) == ("True", "True"), done.stdout
+
+
+@pytest.mark.skipif(not PORTABLE, reason="-mno-avx512f is an x86 flag")
+def test_extra_compile_flags_build_the_kernels_as_for_an_older_cpu(tmp_path, monkeypatch):
+    """KVSERVE_KERNEL_CFLAGS=-mno-avx512f: another library (its own cache key) without the
+    AVX-512 paths (no prefill kernel), as an AVX2-only CPU builds it."""
+    monkeypatch.setenv("KVSERVE_KERNEL_CACHE", str(tmp_path))
+    forget_kernels(monkeypatch)
+    native = attention.enable()
+    forget_kernels(monkeypatch)
+    monkeypatch.setenv(CFLAGS_ENV, "-mno-avx512f")
+    capped = attention.enable()
+    paged = attention.kernel()
+    if native.path is None or capped.path is None or paged is None:
+        pytest.skip(f"no kernels here: {native.reason or capped.reason}")
+    assert capped.path != native.path and len(list(tmp_path.glob("attention-*.so"))) == 2
+    assert paged.prefill_dtypes == frozenset()
