@@ -16,6 +16,7 @@ step stopped paying a barrier per small op (kvserve/model/quant/fusion.py).
 
 from __future__ import annotations
 
+import ctypes
 import math
 import os
 from pathlib import Path
@@ -85,3 +86,38 @@ def openmp_runtime(maps: Path = Path("/proc/self/maps")) -> str:
     except OSError:
         return "OpenMP"
     return "Intel OpenMP" if "libiomp5" in mapped else "GNU OpenMP"
+
+
+OMP_PAUSE_SOFT = 1
+"""omp_pause_resource_t's omp_pause_soft (OpenMP 5.0)."""
+
+
+def release_openmp_pool(maps: Path = Path("/proc/self/maps")) -> bool:
+    """Release the calling thread's GNU OpenMP workers (omp_pause_resource_all, soft); whether
+    a runtime took the call.
+
+    libgomp keeps a pool of workers for each thread that ever ran a parallel region, and
+    once the pools hold more threads than the process has CPUs, every worker stops
+    spinning at the barriers and sleeps: each of a step's many small regions then pays a
+    wake-up. `kvserve serve` loads the model on one thread and steps on the engine thread,
+    so the loading thread's idle pool slowed every step: 8 prompts of 256 tokens to 64
+    tokens each, 2 threads, took 5.6 s on the loading thread and 6.7 s on another, 5.3-5.8 s
+    there once the loading thread's pool was released. A later parallel region of the
+    calling thread builds a new pool. Intel's runtime (libiomp5) does not throttle its
+    workers so; it is left alone."""
+    try:
+        mapped = maps.read_text()
+    except OSError:
+        return False
+    if "libiomp5" in mapped:
+        return False
+    paths = {line.split()[-1] for line in mapped.splitlines() if "libgomp" in line}
+    released = False
+    for path in sorted(p for p in paths if p.startswith("/")):
+        try:
+            pause = ctypes.CDLL(path).omp_pause_resource_all
+        except (OSError, AttributeError):
+            continue
+        pause.restype, pause.argtypes = ctypes.c_int, [ctypes.c_int]
+        released = pause(OMP_PAUSE_SOFT) == 0 or released
+    return released

@@ -11,6 +11,7 @@ from kvserve.model.threads import (
     cgroup_cpu_limit,
     default_num_threads,
     physical_cores,
+    release_openmp_pool,
     usable_cpus,
 )
 
@@ -72,3 +73,40 @@ def test_omp_num_threads_wins(tmp_path, monkeypatch):
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no CPU affinity here")
 def test_usable_cpus_follow_the_affinity():
     assert usable_cpus() == sorted(os.sched_getaffinity(0))
+
+
+RELEASE_IN_A_FRESH_PROCESS = """
+import threading, time, torch
+from kvserve.model.threads import openmp_runtime, release_openmp_pool
+torch.set_num_threads(2)
+x = torch.randn(256, 4096)
+x.exp()  # a parallel region: this thread's pool of workers
+print(openmp_runtime(), release_openmp_pool())
+out = []
+worker = threading.Thread(target=lambda: out.append(float(x.exp().sum())))
+worker.start(); worker.join()
+print(x.exp().sum().item() == out[0])  # both threads still compute (a new pool each)
+"""
+
+
+def test_the_loading_thread_releases_its_gnu_openmp_pool_and_parallel_work_goes_on():
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}  # torch's own runtime
+    done = subprocess.run(
+        [sys.executable, "-c", RELEASE_IN_A_FRESH_PROCESS],
+        capture_output=True, text=True, env=env, timeout=120, check=True,
+    )  # fmt: skip
+    first, same = done.stdout.splitlines()[:2]
+    runtime, released = first.rsplit(" ", 1)
+    if runtime != "GNU OpenMP":
+        pytest.skip(f"torch runs {runtime} here")
+    assert (released, same) == ("True", "True"), done.stdout
+
+
+def test_intel_openmp_and_unreadable_maps_are_left_alone(tmp_path):
+    maps = tmp_path / "maps"
+    maps.write_text("7f00-7f01 r-xp 0 08:01 1 /opt/lib/libiomp5.so\n")
+    assert not release_openmp_pool(maps)
+    assert not release_openmp_pool(tmp_path / "missing")

@@ -51,6 +51,17 @@ static inline __m512 load16_bf16(const uint16_t *p) {
 
 #define QROWS 16 /* query positions per work item (bfloat16) */
 
+/* The query heads a kv head serves, or -1 for a shape the prefills do not compute: head
+ * sizes in multiples of 64 up to MAX_DIM, at most MAX_GROUP query heads a kv head, a
+ * context that holds the new rows (all of it, for a fresh prefill without slots). */
+static int prefill_group(int heads, int kv_heads, int dim, const int64_t *slots, int context,
+                         int len) {
+    if (kv_heads <= 0 || heads % kv_heads != 0 || dim % 64 != 0 || dim > MAX_DIM) return -1;
+    if (heads / kv_heads > MAX_GROUP) return -1;
+    if (context < len || (slots == 0 && context != len)) return -1;
+    return heads / kv_heads;
+}
+
 /* key j's row: through the context's slots, or the j-th row of a fresh prefill's own */
 static inline int64_t key_row(const int64_t *slots, int j) { return slots ? slots[j] : j; }
 
@@ -83,10 +94,8 @@ int prefill_attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *
                            int64_t k_stride, const uint16_t *v, int64_t v_stride,
                            const int64_t *slots, int context, uint16_t *out, int len,
                            int heads, int kv_heads, int dim, float scale, int num_threads) {
-    if (kv_heads <= 0 || heads % kv_heads != 0 || dim % 64 != 0 || dim > MAX_DIM) return -1;
-    int group = heads / kv_heads;
-    if (group > MAX_GROUP) return -1;
-    if (context < len || (slots == 0 && context != len)) return -1;
+    int group = prefill_group(heads, kv_heads, dim, slots, context, len);
+    if (group < 0) return -1;
     int start = context - len; /* query row i is position start + i */
     int blocks = (len + QROWS - 1) / QROWS;
     int pairs = dim / 2, chunks = dim / 16;
@@ -239,10 +248,8 @@ int prefill_attention_f32(const float *q, int64_t q_stride, const float *k, int6
                           const float *v, int64_t v_stride, const int64_t *slots, int context,
                           float *out, int len, int heads, int kv_heads, int dim, float scale,
                           int num_threads) {
-    if (kv_heads <= 0 || heads % kv_heads != 0 || dim % 64 != 0 || dim > MAX_DIM) return -1;
-    int group = heads / kv_heads;
-    if (group > MAX_GROUP) return -1;
-    if (context < len || (slots == 0 && context != len)) return -1;
+    int group = prefill_group(heads, kv_heads, dim, slots, context, len);
+    if (group < 0) return -1;
     int start = context - len; /* query row i is position start + i */
     int blocks = (len + F32_QROWS - 1) / F32_QROWS;
     int width = (context + TILE_KEYS - 1) / TILE_KEYS * TILE_KEYS;

@@ -32,6 +32,7 @@ from typing import Any
 
 from kvserve.engine.llm_engine import LLMEngine
 from kvserve.lora.request import Adapter, LoRARequest
+from kvserve.model.threads import release_openmp_pool
 from kvserve.outputs import RequestOutput
 from kvserve.pooling_params import PoolingParams
 from kvserve.sampling_params import SamplingParams
@@ -114,7 +115,10 @@ class EngineThread:
         """Requests aborted (client gone); a test and the log read it."""
 
     def start(self) -> None:
+        """Start stepping; the calling thread, which built the engine, gives up its OpenMP
+        workers (kvserve.model.threads.release_openmp_pool says why)."""
         self._thread.start()
+        release_openmp_pool()
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stopping = True

@@ -21,9 +21,10 @@ def scattered_cache(num_slots: int, kv_heads: int, dim: int, seed: int):
     return k, v, gen
 
 
-def reference(query, k_flat, v_flat, slots, bounds, scale, softcap=None):
+def reference(query, k_flat, v_flat, slots, bounds, scale, softcap=None, rounded=True):
     """float64 softmax(q k^T) v of each row over its keys slots[b, begin:end], the
-    softmax's weights rounded to bfloat16 before they weight the values."""
+    softmax's weights rounded to bfloat16 before they weight the values (unless not
+    `rounded`: float32's kernels keep them)."""
     rows = []
     heads, kv_heads = query.shape[1], k_flat.shape[1]
     for b, (begin, end) in enumerate(bounds.tolist()):
@@ -34,7 +35,7 @@ def reference(query, k_flat, v_flat, slots, bounds, scale, softcap=None):
             scores = softcap * torch.tanh(scores / softcap)
         weights = (scores - scores.amax(-1, keepdim=True)).exp()
         total = weights.sum(-1, keepdim=True)  # SDPA's arithmetic: the weights rounded
-        weights = weights.to(BF16).double()  # to bfloat16, their sum not
+        weights = weights.to(BF16).double() if rounded else weights  # to bfloat16, their sum not
         rows.append(torch.einsum("ht,thd->hd", weights, values) / total)
     return torch.stack(rows)
 
@@ -137,9 +138,9 @@ def test_paged_attention_runs_the_kernels_as_gather_and_sdpa_do(
         assert torch.equal(fast[len(lengths) :], plain[len(lengths) :])
 
 
-def causal_reference(q, k, v, scale):
+def causal_reference(q, k, v, scale, rounded=True):
     """float64 causal attention of the last len(q) positions of a sequence over its keys
-    (all of k), the weights rounded to bfloat16 (as in `reference`)."""
+    (all of k), the weights rounded to bfloat16 unless not `rounded` (as in `reference`)."""
     length, heads, kv_heads = q.shape[0], q.shape[1], k.shape[1]
     context = k.shape[0]
     keys = k.double().repeat_interleave(heads // kv_heads, 1)
@@ -149,7 +150,8 @@ def causal_reference(q, k, v, scale):
     scores = scores.masked_fill(torch.arange(context)[None, :] > positions, -torch.inf)
     weights = (scores - scores.amax(-1, keepdim=True)).exp()
     total = weights.sum(-1, keepdim=True)
-    return torch.einsum("hts,shd->thd", weights.to(BF16).double() / total, values)
+    weights = weights.to(BF16).double() if rounded else weights
+    return torch.einsum("hts,shd->thd", weights / total, values)
 
 
 @pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (2, 2, 128)])

@@ -17,23 +17,10 @@ from kvserve.model.checkpoint.config import RopeConfig
 from kvserve.model.cpu_kernels import attention, layer_ops
 from kvserve.model.cpu_kernels.float32_scope import float32_kernels, float32_on
 from kvserve.model.layers.common import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary
+from tests.model.cpu_kernels.test_attention_kernels import causal_reference, reference
 from tests.model.model_driver import generate, prompt
 
 CPU = torch.device("cpu")
-
-
-def reference(query, k_flat, v_flat, slots, bounds, scale, softcap=None):
-    """float64 softmax(q k^T) v of each row over its keys slots[b, begin:end]."""
-    rows = []
-    heads, kv_heads = query.shape[1], k_flat.shape[1]
-    for b, (begin, end) in enumerate(bounds.tolist()):
-        keys = k_flat[slots[b, begin:end]].double().repeat_interleave(heads // kv_heads, 1)
-        values = v_flat[slots[b, begin:end]].double().repeat_interleave(heads // kv_heads, 1)
-        scores = torch.einsum("hd,thd->ht", query[b].double(), keys) * scale
-        if softcap is not None:
-            scores = softcap * torch.tanh(scores / softcap)
-        rows.append(torch.einsum("ht,thd->hd", scores.softmax(-1), values))
-    return torch.stack(rows)
 
 
 def assert_float32_close(out: torch.Tensor, expected: torch.Tensor) -> None:
@@ -61,21 +48,10 @@ def test_float32_decode_through_the_tiles_windows_and_soft_capping(
         assert attention_kernel.handles(query, k_flat)
         for softcap in (None, 5.0):
             out = attention_kernel.decode(query, k_flat, v_flat, slots, bounds, 0.125, softcap)
-            expected = reference(query, k_flat, v_flat, slots, bounds, 0.125, softcap)
+            expected = reference(
+                query, k_flat, v_flat, slots, bounds, 0.125, softcap, rounded=False
+            )
             assert_float32_close(out, expected)
-
-
-def causal_reference(q, k, v, scale):
-    """float64 causal attention of the last len(q) positions of a sequence over its keys
-    (all of k)."""
-    length, heads, kv_heads = q.shape[0], q.shape[1], k.shape[1]
-    context = k.shape[0]
-    keys = k.double().repeat_interleave(heads // kv_heads, 1)
-    values = v.double().repeat_interleave(heads // kv_heads, 1)
-    scores = torch.einsum("thd,shd->hts", q.double(), keys) * scale
-    positions = torch.arange(context - length, context)[:, None]
-    scores = scores.masked_fill(torch.arange(context)[None, :] > positions, -torch.inf)
-    return torch.einsum("hts,shd->thd", scores.softmax(-1), values)
 
 
 @pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (2, 2, 128), (16, 1, 64)])
@@ -93,13 +69,13 @@ def test_float32_prefill_fresh_and_after_a_cached_prefix(attention_kernel, heads
             assert attention_kernel.prefills(q, k, v)
             out = torch.empty_like(q)
             attention_kernel.prefill(q, k, v, out, scale)
-            assert_float32_close(out, causal_reference(q, k, v, scale))
+            assert_float32_close(out, causal_reference(q, k, v, scale, rounded=False))
         k_flat, v_flat = (torch.randn(500, kv_heads, dim, generator=gen) for _ in range(2))
         slots = torch.randperm(499, generator=gen)[:90] + 1
         q = 3 * torch.randn(37, heads, dim, generator=gen)  # positions 53 .. 89
         out = torch.empty_like(q)
         attention_kernel.prefill(q, k_flat, v_flat, out, scale, slots)
-        expected = causal_reference(q, k_flat[slots], v_flat[slots], scale)
+        expected = causal_reference(q, k_flat[slots], v_flat[slots], scale, rounded=False)
         assert_float32_close(out, expected)
     assert not attention_kernel.prefills(q, k_flat, v_flat)  # outside a fast step
 
