@@ -27,10 +27,13 @@ def load() -> str:
         return "?"
 
 
-ISA_CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
-"""Variables that make torch, oneDNN and MKL run older instruction sets than the CPU has
-(e.g. all three at AVX2 on an AVX-512 CPU): a header says so, since its figures are then
-an emulation of another CPU's."""
+ISA_CAPS = (
+    "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS",
+    "KVSERVE_CPU_FEATURES", "KVSERVE_KERNEL_CFLAGS",
+)  # fmt: skip
+"""Variables that make torch, oneDNN, MKL and kvserve's C kernels run older instruction sets
+than the CPU has, and kvserve choose as on another CPU (e.g. all at AVX2 on an AVX-512
+CPU): a header says so, since its figures are then an emulation of another CPU's."""
 
 
 def isa_caps() -> str:
