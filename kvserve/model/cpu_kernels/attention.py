@@ -62,7 +62,11 @@ class AttentionKernel:
         self.prefill_dtypes = frozenset(t for t, fn in self._prefill.items() if fn(*probe) == 0)
         """The dtypes whose prefill this machine's build computes (bfloat16: AVX-512 with
         bfloat16 dot products; float32: AVX-512); SDPA's flash kernel runs the others."""
-        self.can_prefill = torch.bfloat16 in self.prefill_dtypes
+
+    @property
+    def can_prefill(self) -> bool:
+        """Whether the bfloat16 prefill kernel is in this build."""
+        return torch.bfloat16 in self.prefill_dtypes
 
     def handles(self, query: torch.Tensor, k_flat: torch.Tensor) -> bool:
         """What the kernel computes: bfloat16 (or float32 in a fast float32 step) on the CPU,
