@@ -11,10 +11,12 @@ call). Files:
                     flags, compiler and CPU flags)
     attention.c     attention: paged decode for bfloat16 and float32 caches
                     (decode_attention.h, written once for both: each row's context
-                    read in place through its slots) and a bfloat16 prefill's causal
+                    read in place through its slots) and a prefill's causal
                     attention, fresh or after a cached prefix (its keys read through
-                    the slots; AVX-512 bfloat16 dot products: one pass of scores, exact
-                    row maxima, then the weights times the values); SDPA's roundings
+                    the slots; one pass of scores, exact row maxima, then the weights
+                    times the values): bfloat16 on AVX-512's bfloat16 dot products,
+                    SDPA's roundings; float32 (prefill_attention_f32.h) on AVX-512 or
+                    AVX2, on simd_f32.h's vectors
     attention.py    their ctypes binding; with it on, a step's decodes are one group
                     in batch order (no padding read, no rows gathered)
     layer_ops.c, layer_ops.h, layer_ops.py  RMSNorm (with the residual add before

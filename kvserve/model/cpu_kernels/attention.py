@@ -21,8 +21,8 @@ the weights (rounded to bfloat16, as SDPA's flash kernel rounds them) times the
 values; 0.45x SDPA's time at 256 tokens, 0.56x at 1,000. A fresh prefill reads
 its own new rows; one after a cached prefix reads its keys in place through the
 context's slots (chat prompts, whose template's system prompt is a cache hit).
-float32 (AVX-512) has its own prefill: the same two passes with float32 FMAs in
-register tiles of 4 rows x 32 keys, nothing rounded.
+float32 has its own prefill: the same two passes with float32 FMAs in register
+tiles of 4 rows x 32 keys (AVX-512) or 4 x 16 (AVX2 with FMA), nothing rounded.
 
 `enable()` builds (or finds cached) the library once per process; until
 then, and wherever it cannot be built, `kernel()` is None and the caller
@@ -61,7 +61,8 @@ class AttentionKernel:
         probe = (None, 0, None, 0, None, 0, None, 0, None, 0, 1, 1, 64, 1.0, 1)
         self.prefill_dtypes = frozenset(t for t, fn in self._prefill.items() if fn(*probe) == 0)
         """The dtypes whose prefill this machine's build computes (bfloat16: AVX-512 with
-        bfloat16 dot products; float32: AVX-512); SDPA's flash kernel runs the others."""
+        bfloat16 dot products; float32: AVX-512 or AVX2 with FMA); SDPA's flash kernel runs
+        the others."""
 
     @property
     def can_prefill(self) -> bool:

@@ -59,7 +59,7 @@ def test_float32_prefill_fresh_and_after_a_cached_prefix(attention_kernel, heads
     """Every length through the tiles (16 positions an item, 4 score rows and 32 keys a
     register tile), fresh and after a cached prefix read through its slots."""
     if torch.float32 not in attention_kernel.prefill_dtypes:
-        pytest.skip("no float32 prefill kernel in this build (AVX-512)")
+        pytest.skip("no float32 prefill kernel in this build (AVX-512 or AVX2 with FMA)")
     gen = torch.Generator().manual_seed(heads + dim)
     scale = dim**-0.5
     with float32_kernels(True):

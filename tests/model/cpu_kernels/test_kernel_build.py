@@ -130,8 +130,9 @@ def test_loading_the_kernels_keeps_the_process_subnormals(tmp_path):
 
 @pytest.mark.skipif(not PORTABLE, reason="-mno-avx512f is an x86 flag")
 def test_extra_compile_flags_build_the_kernels_as_for_an_older_cpu(tmp_path, monkeypatch):
-    """KVSERVE_KERNEL_CFLAGS=-mno-avx512f: another library (its own cache key) without the
-    AVX-512 paths (no prefill kernel), as an AVX2-only CPU builds it."""
+    """KVSERVE_KERNEL_CFLAGS=-mno-avx512f: another library (its own cache key), as an
+    AVX2-only CPU builds it: the float32 prefill on 8-lane vectors, no bfloat16 prefill
+    (it needs AVX-512 BF16); without AVX2 and FMA too, no prefill kernel at all."""
     monkeypatch.setenv("KVSERVE_KERNEL_CACHE", str(tmp_path))
     forget_kernels(monkeypatch)
     native = attention.enable()
@@ -142,4 +143,9 @@ def test_extra_compile_flags_build_the_kernels_as_for_an_older_cpu(tmp_path, mon
     if native.path is None or capped.path is None or paged is None:
         pytest.skip(f"no kernels here: {native.reason or capped.reason}")
     assert capped.path != native.path and len(list(tmp_path.glob("attention-*.so"))) == 2
-    assert paged.prefill_dtypes == frozenset()
+    assert paged.prefill_dtypes == frozenset({torch.float32})
+    forget_kernels(monkeypatch)
+    monkeypatch.setenv(CFLAGS_ENV, "-mno-avx512f -mno-avx2 -mno-fma")
+    plain = attention.enable()
+    assert plain.path is not None and len(list(tmp_path.glob("attention-*.so"))) == 3
+    assert attention.kernel().prefill_dtypes == frozenset()
