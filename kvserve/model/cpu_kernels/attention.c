@@ -14,36 +14,28 @@
 
 #include "bfloat16.h"
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-
-/* 16 bfloat16 -> 16 float */
-static inline __m512 load16_bf16(const uint16_t *p) {
-    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-}
-#endif
+#include "simd_f32.h"
 
 #define ELEM uint16_t
 #define T(name) name##_bf16
 #define TO_FLOAT(x) bf(x)
 #define FROM_FLOAT(x) to_bf(x)
 #define ROUND_WEIGHT(x) round_bf(x)
-#define LOAD16(p) load16_bf16(p)
+#define LOADV(p) vf_load_bf16(p)
 #include "decode_attention.h"
 #undef ELEM
 #undef T
 #undef TO_FLOAT
 #undef FROM_FLOAT
 #undef ROUND_WEIGHT
-#undef LOAD16
+#undef LOADV
 
 #define ELEM float
 #define T(name) name##_f32
 #define TO_FLOAT(x) (x)
 #define FROM_FLOAT(x) (x)
 #define ROUND_WEIGHT(x) (x)
-#define LOAD16(p) _mm512_loadu_ps(p)
+#define LOADV(p) vf_load(p)
 #include "decode_attention.h"
 
 

@@ -13,7 +13,10 @@
  *   FROM_FLOAT(x)      a float rounded to an ELEM
  *   ROUND_WEIGHT(x)    a probability as it weights the values (bfloat16: rounded to
  *                      bfloat16, as the flash kernel of torch's SDPA does; float32: as is)
- *   LOAD16(p)          16 ELEMs at p as an __m512 (AVX-512 builds)
+ *   LOADV(p)           VLEN ELEMs at p as a vector (simd_f32.h: AVX-512 or AVX2 builds)
+ *
+ * The vector paths run on simd_f32.h's vectors (16 lanes on AVX-512, 8 on AVX2 with
+ * FMA): a tile is VLEN keys, whose scores come out of one transpose of VLEN sums.
  */
 
 #ifndef KVSERVE_DECODE_ATTENTION_SHARED
@@ -37,83 +40,64 @@ static inline float dot(const float *a, const float *b, int dim) {
     return sum;
 }
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#define TILE 16
-
-/* 16 vectors -> one vector of their 16 sums, lane i = sum of v[i] (a transpose tree:
- * 45 instructions for 16 horizontal sums instead of 16 x 8) */
-static inline __m512 sum16(const __m512 *v) {
-    __m512 b[8], c[4];
-    for (int i = 0; i < 8; i++)
-        b[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
-                             _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-    for (int i = 0; i < 4; i++) {
-        __m512d lo = _mm512_unpacklo_pd(_mm512_castps_pd(b[2 * i]), _mm512_castps_pd(b[2 * i + 1]));
-        __m512d hi = _mm512_unpackhi_pd(_mm512_castps_pd(b[2 * i]), _mm512_castps_pd(b[2 * i + 1]));
-        c[i] = _mm512_add_ps(_mm512_castpd_ps(lo), _mm512_castpd_ps(hi));
-    }
-    __m512 e0 = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
-    __m512 e1 = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], 0x88), _mm512_shuffle_f32x4(c[2], c[3], 0xDD));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(e0, e1, 0x88), _mm512_shuffle_f32x4(e0, e1, 0xDD));
-}
-#endif
+#include "simd_f32.h"
 #endif /* KVSERVE_DECODE_ATTENTION_SHARED */
 
 static inline void T(row_to_float)(const ELEM *src, float *dst, int dim) {
     for (int d = 0; d < dim; d++) dst[d] = TO_FLOAT(src[d]);
 }
 
-#if defined(__AVX512F__)
-/* The tile's scores for query head g: lane i = q_g . k(t0 + i), for count <= 16 tokens
- * (dim a multiple of 16; inlined with a constant dim, the 16 sums stay in registers) */
-static inline __attribute__((always_inline)) __m512 T(tile_scores)(
+#if defined(SIMD_F32)
+/* The tile's scores for query head g: lane i = q_g . k(t0 + i), for count <= VLEN tokens
+ * (dim a multiple of VLEN; inlined with a constant dim, the sums stay in registers) */
+static inline __attribute__((always_inline)) vf T(tile_scores)(
     const float *query, const ELEM *const *keys, int count, int dim) {
-    __m512 acc[TILE];
-    for (int i = 0; i < TILE; i++) acc[i] = _mm512_setzero_ps();
+    vf acc[VLEN];
+    for (int i = 0; i < VLEN; i++) acc[i] = vf_zero();
     for (int i = 0; i < count; i++)
-        for (int d = 0; d < dim; d += 16)
-            acc[i] = _mm512_fmadd_ps(_mm512_loadu_ps(query + d), LOAD16(keys[i] + d), acc[i]);
-    return sum16(acc);
+        for (int d = 0; d < dim; d += VLEN)
+            acc[i] = vf_fmadd(vf_load(query + d), LOADV(keys[i] + d), acc[i]);
+    return vf_lane_sums(acc);
 }
 
-/* out += sum over the tile's tokens of p(t) * v(t) (dim <= MAX_DIM, a multiple of 16) */
+/* out += sum over the tile's tokens of p(t) * v(t) (dim <= MAX_DIM, a multiple of VLEN),
+ * 4 vectors of dims at a time */
 static inline __attribute__((always_inline)) void T(tile_values)(
     float *out, const float *p, const ELEM *const *values, int count, int dim) {
-    for (int d = 0; d < dim; d += 64) {
-        __m512 acc[4];
-        int width = dim - d < 64 ? (dim - d) / 16 : 4;
-        for (int j = 0; j < width; j++) acc[j] = _mm512_loadu_ps(out + d + 16 * j);
+    for (int d = 0; d < dim; d += 4 * VLEN) {
+        vf acc[4];
+        int width = dim - d < 4 * VLEN ? (dim - d) / VLEN : 4;
+        for (int j = 0; j < width; j++) acc[j] = vf_load(out + d + VLEN * j);
         for (int i = 0; i < count; i++) {
-            __m512 weight = _mm512_set1_ps(p[i]);
+            vf weight = vf_set1(p[i]);
             for (int j = 0; j < width; j++)
-                acc[j] = _mm512_fmadd_ps(weight, LOAD16(values[i] + d + 16 * j), acc[j]);
+                acc[j] = vf_fmadd(weight, LOADV(values[i] + d + VLEN * j), acc[j]);
         }
-        for (int j = 0; j < width; j++) _mm512_storeu_ps(out + d + 16 * j, acc[j]);
+        for (int j = 0; j < width; j++) vf_store(out + d + VLEN * j, acc[j]);
     }
 }
 
-static inline __attribute__((always_inline)) void T(attend_avx512)(
+static inline __attribute__((always_inline)) void T(attend_vectors)(
     const float (*query)[MAX_DIM], float *scores, const ELEM *k, const int64_t *row, int n,
     int kv_heads, int h, int group, int dim) {
-    const ELEM *rows[TILE];
-    for (int t0 = 0; t0 < n; t0 += TILE) {
-        int count = n - t0 < TILE ? n - t0 : TILE;
+    const ELEM *rows[VLEN];
+    for (int t0 = 0; t0 < n; t0 += VLEN) {
+        int count = n - t0 < VLEN ? n - t0 : VLEN;
         for (int i = 0; i < count; i++) rows[i] = k + (row[t0 + i] * kv_heads + h) * dim;
         for (int g = 0; g < group; g++) {
-            float sums[TILE];
-            _mm512_storeu_ps(sums, T(tile_scores)(query[g], rows, count, dim));
+            float sums[VLEN];
+            vf_store(sums, T(tile_scores)(query[g], rows, count, dim));
             for (int i = 0; i < count; i++) scores[g * n + t0 + i] = sums[i];
         }
     }
 }
 
-static inline __attribute__((always_inline)) void T(values_avx512)(
+static inline __attribute__((always_inline)) void T(values_vectors)(
     float (*acc)[MAX_DIM], const float *scores, const ELEM *v, const int64_t *row, int n,
     int kv_heads, int h, int group, int dim) {
-    const ELEM *rows[TILE];
-    for (int t0 = 0; t0 < n; t0 += TILE) {
-        int count = n - t0 < TILE ? n - t0 : TILE;
+    const ELEM *rows[VLEN];
+    for (int t0 = 0; t0 < n; t0 += VLEN) {
+        int count = n - t0 < VLEN ? n - t0 : VLEN;
         for (int i = 0; i < count; i++) rows[i] = v + (row[t0 + i] * kv_heads + h) * dim;
         for (int g = 0; g < group; g++)
             T(tile_values)(acc[g], scores + g * n + t0, rows, count, dim);
@@ -124,10 +108,10 @@ static inline __attribute__((always_inline)) void T(values_avx512)(
 /* the two passes, with dim a compile-time constant where it is a common head size */
 static void T(scores_pass)(const float (*query)[MAX_DIM], float *scores, const ELEM *k,
                            const int64_t *row, int n, int kv_heads, int h, int group, int dim) {
-#if defined(__AVX512F__)
-    if (dim == 64) T(attend_avx512)(query, scores, k, row, n, kv_heads, h, group, 64);
-    else if (dim == 128) T(attend_avx512)(query, scores, k, row, n, kv_heads, h, group, 128);
-    else T(attend_avx512)(query, scores, k, row, n, kv_heads, h, group, dim);
+#if defined(SIMD_F32)
+    if (dim == 64) T(attend_vectors)(query, scores, k, row, n, kv_heads, h, group, 64);
+    else if (dim == 128) T(attend_vectors)(query, scores, k, row, n, kv_heads, h, group, 128);
+    else T(attend_vectors)(query, scores, k, row, n, kv_heads, h, group, dim);
 #else
     float kv[MAX_DIM];
     for (int t = 0; t < n; t++) {
@@ -139,10 +123,10 @@ static void T(scores_pass)(const float (*query)[MAX_DIM], float *scores, const E
 
 static void T(values_pass)(float (*acc)[MAX_DIM], const float *scores, const ELEM *v,
                            const int64_t *row, int n, int kv_heads, int h, int group, int dim) {
-#if defined(__AVX512F__)
-    if (dim == 64) T(values_avx512)(acc, scores, v, row, n, kv_heads, h, group, 64);
-    else if (dim == 128) T(values_avx512)(acc, scores, v, row, n, kv_heads, h, group, 128);
-    else T(values_avx512)(acc, scores, v, row, n, kv_heads, h, group, dim);
+#if defined(SIMD_F32)
+    if (dim == 64) T(values_vectors)(acc, scores, v, row, n, kv_heads, h, group, 64);
+    else if (dim == 128) T(values_vectors)(acc, scores, v, row, n, kv_heads, h, group, 128);
+    else T(values_vectors)(acc, scores, v, row, n, kv_heads, h, group, dim);
 #else
     float kv[MAX_DIM];
     for (int t = 0; t < n; t++) {

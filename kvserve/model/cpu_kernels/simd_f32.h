@@ -10,6 +10,7 @@
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #define SIMD_F32 1
 #include <immintrin.h>
+#include <stdint.h>
 
 #if defined(__AVX512F__)
 #define VLEN 16
@@ -39,6 +40,29 @@ static inline vf vf_below(vf x, vf floor, vf value) { /* x < floor ? 0 : value *
     return _mm512_maskz_mov_ps((__mmask16)~_mm512_cmp_ps_mask(x, floor, _CMP_LT_OQ), value);
 }
 static inline vf vf_times_pow2(vf x, vf n) { return _mm512_scalef_ps(x, n); }
+
+/* 16 bfloat16 -> 16 float */
+static inline vf vf_load_bf16(const uint16_t *p) {
+    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+
+/* VLEN vectors -> one vector of their sums, lane i = the sum of v[i] (a transpose tree:
+ * 45 instructions for 16 horizontal sums instead of 16 x 8) */
+static inline vf vf_lane_sums(const vf *v) {
+    __m512 b[8], c[4];
+    for (int i = 0; i < 8; i++)
+        b[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                             _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; i++) {
+        __m512d lo = _mm512_unpacklo_pd(_mm512_castps_pd(b[2 * i]), _mm512_castps_pd(b[2 * i + 1]));
+        __m512d hi = _mm512_unpackhi_pd(_mm512_castps_pd(b[2 * i]), _mm512_castps_pd(b[2 * i + 1]));
+        c[i] = _mm512_add_ps(_mm512_castpd_ps(lo), _mm512_castpd_ps(hi));
+    }
+    __m512 e0 = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
+    __m512 e1 = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], 0x88), _mm512_shuffle_f32x4(c[2], c[3], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(e0, e1, 0x88), _mm512_shuffle_f32x4(e0, e1, 0xDD));
+}
 #else
 #define VLEN 8
 typedef __m256 vf;
@@ -80,6 +104,19 @@ static inline vf vf_below(vf x, vf floor, vf value) {
 static inline vf vf_times_pow2(vf x, vf n) {
     __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
     return _mm256_mul_ps(x, _mm256_castsi256_ps(_mm256_slli_epi32(e, 23)));
+}
+
+static inline vf vf_load_bf16(const uint16_t *p) {
+    __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+
+/* 8 vectors -> lane i = the sum of v[i]: pairwise sums within each 128-bit half, then
+ * the two halves added */
+static inline vf vf_lane_sums(const vf *v) {
+    __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+    __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 #endif
 
