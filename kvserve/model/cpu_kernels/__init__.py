@@ -15,8 +15,9 @@ call). Files:
                     attention, fresh or after a cached prefix (its keys read through
                     the slots; one pass of scores, exact row maxima, then the weights
                     times the values): bfloat16 on AVX-512's bfloat16 dot products,
-                    SDPA's roundings; float32 (prefill_attention_f32.h) on AVX-512 or
-                    AVX2, on simd_f32.h's vectors
+                    SDPA's roundings; float32 in prefill_attention_f32.h. Decode and
+                    the float32 prefill run on simd_f32.h's vectors (AVX-512, or AVX2
+                    with FMA at half the width)
     attention.py    their ctypes binding; with it on, a step's decodes are one group
                     in batch order (no padding read, no rows gathered)
     layer_ops.c, layer_ops.h, layer_ops.py  RMSNorm (with the residual add before

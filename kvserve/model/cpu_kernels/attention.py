@@ -1,6 +1,7 @@
 """Attention on the CPU in C: paged decode for bfloat16 and float32 (one call a layer, no
-gathered context), and a bfloat16 prefill's causal attention (fresh, or after a cached
-prefix).
+gathered context), and a prefill's causal attention (fresh, or after a cached prefix). The
+vector paths are written once on simd_f32.h's float32 vectors: AVX-512, or AVX2 with FMA at
+half the width (most laptops, AMD EPYC before Zen 4); other CPUs run plain C loops.
 
 torch's CPU attention for a decode step first gathers each row's keys and
 values out of the paged cache (`index_select`) into a padded copy, then runs
