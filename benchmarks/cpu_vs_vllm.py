@@ -80,6 +80,8 @@ from cpu_real import QUESTIONS, SYSTEM, long_prompt
 from gguf_to_hf import DEFAULT_OUT, write_hf_directory
 from machine import cpu, isa_caps, load
 
+from kvserve.model.cpu_kernels import cpu_features
+
 SYSTEMS = [
     SYSTEM,
     "You are a patient teacher. Explain simply.",
@@ -127,8 +129,9 @@ def engine_env(engine: str, threads: int, vllm_python: Path) -> dict:
         env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{threads - 1}" if threads > 1 else "0"
         env["VLLM_CPU_KVCACHE_SPACE"] = "2"
         env["VLLM_TARGET_DEVICE"] = "cpu"
-        if "avx512" not in os.environ.get("KVSERVE_CPU_FEATURES", "avx512"):  # capped: its
-            env["KVSERVE_BENCH_PEER_AVX2"] = "1"  # AVX2 kernels too (avx2_peer/sitecustomize)
+        capped = os.environ.get(cpu_features.ENV)
+        if capped is not None and "avx512f" not in cpu_features.parse_override(capped):
+            env["KVSERVE_BENCH_PEER_AVX2"] = "1"  # its AVX2 kernels too (avx2_peer)
             env["PYTHONPATH"] = os.pathsep.join(
                 p for p in (str(HERE / "avx2_peer"), os.environ.get("PYTHONPATH")) if p
             )

@@ -64,11 +64,6 @@ static inline __m512 exp16(__m512 x) {
     for (int i = 0; i < 16; i++) a[i] = expf(a[i]);
     return _mm512_loadu_ps(a);
 }
-
-/* lanes [0, visible) of a tile of 16 keys */
-static inline __mmask16 visible_mask(int visible) {
-    return (__mmask16)(visible >= 16 ? 0xFFFF : visible <= 0 ? 0 : ((1u << visible) - 1));
-}
 #endif
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__) && defined(__AVX512BW__)
@@ -131,7 +126,7 @@ int prefill_attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *
                         }
                         __m512 s = _mm512_mul_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)), _mm512_set1_ps(scale));
                         int visible = row - k0 + 1 < nk ? row - k0 + 1 : nk;
-                        __mmask16 keep = visible_mask(visible);
+                        __mmask16 keep = first_lanes16(visible);
                         s = _mm512_mask_blend_ps(keep, _mm512_set1_ps(-FLT_MAX), s);
                         _mm512_storeu_ps(scores + (size_t)st * width + k0, s);
                         vmax[st] = _mm512_max_ps(vmax[st], s);
@@ -158,7 +153,7 @@ int prefill_attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *
                         int row = start + r0 + i, st = g * rows + i;
                         if (row < k0) continue;
                         int visible = row - k0 + 1 < nk ? row - k0 + 1 : nk;
-                        __mmask16 keep = visible_mask(visible);
+                        __mmask16 keep = first_lanes16(visible);
                         __m512 s = _mm512_loadu_ps(scores + (size_t)st * width + k0);
                         __m512 e = _mm512_maskz_mov_ps(keep, exp16(_mm512_sub_ps(s, _mm512_set1_ps(top[st]))));
                         vsum[st] = _mm512_add_ps(vsum[st], e);

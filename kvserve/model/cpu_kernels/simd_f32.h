@@ -27,10 +27,14 @@ static inline vf vf_fmadd(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
 static inline float vf_sum(vf x) { return _mm512_reduce_add_ps(x); }
 static inline float vf_top(vf x) { return _mm512_reduce_max_ps(x); }
 
-/* lanes [0, count) of x, the others `fill` (count may lie outside 0 .. VLEN) */
+/* the mask of lanes [0, count) (count may lie outside 0 .. 16) */
+static inline __mmask16 first_lanes16(int count) {
+    return (__mmask16)(count >= 16 ? 0xFFFF : count <= 0 ? 0 : ((1u << count) - 1));
+}
+
+/* lanes [0, count) of x, the others `fill` */
 static inline vf vf_first(int count, vf x, vf fill) {
-    __mmask16 m = (__mmask16)(count >= 16 ? 0xFFFF : count <= 0 ? 0 : ((1u << count) - 1));
-    return _mm512_mask_blend_ps(m, fill, x);
+    return _mm512_mask_blend_ps(first_lanes16(count), fill, x);
 }
 
 static inline vf vf_round(vf x) {
