@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "bfloat16.h"
+#include "quant_input.h"
 #include "quant_layout.h"
 
 #define TILE 2 /* input rows sharing one pass over a weight row (with 4, registers spill) */
@@ -44,47 +45,20 @@
 #define PATH_AVX2 1
 #endif
 
-/* The quantized input, in the weights' window layout: per (row, window) 512 bytes of xq and
- * 16 lanes of dx and xs = dx * sum(xq) (zeros in a short window's empty lanes); xtot per row
- * is the sum of its xs, in block order (the 8-bit codes' +128 taken back). */
-typedef struct {
-    int8_t *xq;
-    float *dx, *xs, *xtot;
-    int64_t windows; /* per row */
-} Quantized;
-
-static void quantize_rows(const void *x, int x_bf16, int64_t rows, int64_t K, Quantized *q,
-                          int threads) {
-    const int64_t blocks = K / BLOCK;
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && rows > 1)
-    for (int64_t m = 0; m < rows; m++) {
-        float total = 0.0f;
-        for (int64_t b = 0; b < blocks; b++) {
-            const int64_t w = b / WINDOW;
-            const int j = (int)(b % WINDOW), half = window_blocks(blocks, w) / 2;
-            const int lane = j < half ? j : 8 + j - half;
-            int8_t *dst = q->xq + (m * q->windows + w) * (STEPS * 64) + 4 * lane;
-            float v[BLOCK], amax = 0.0f;
-            for (int e = 0; e < BLOCK; e++) {
-                const int64_t at = m * K + b * BLOCK + e;
-                v[e] = x_bf16 ? bf(((const uint16_t *)x)[at]) : ((const float *)x)[at];
-                amax = fmaxf(amax, fabsf(v[e]));
-            }
-            const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-            int sum = 0;
-            for (int e = 0; e < BLOCK; e++) {
-                long r = lrintf(v[e] * id);
-                r = r > 127 ? 127 : (r < -127 ? -127 : r);
-                dst[(e / 4) * 64 + e % 4] = (int8_t)r;
-                sum += (int)r;
-            }
-            const int64_t at = (m * q->windows + w) * WINDOW + lane;
-            q->dx[at] = d;
-            q->xs[at] = d * (float)sum;
-            total += q->xs[at];
-        }
-        q->xtot[m] = total;
-    }
+/* Decode reads every weight once, and on its own the hardware prefetcher keeps only about
+ * 3/4 of the read bandwidth busy while the dot products fill the out-of-order window: each
+ * window asks for the codes PREFETCH_BYTES ahead (and their scales), into L2 because they
+ * are read once. Rows are contiguous, so ahead of a row's end is the next row's start.
+ * 3 KiB was the fastest of 0.5-8 KiB on a 1B model's matmuls (benchmarks/llama_1b.py). */
+#define PREFETCH_BYTES 3072
+static inline void prefetch_ahead(const uint8_t *codes, int64_t w, int64_t window_bytes,
+                                  const void *scales, const void *offsets, int f16, int bits) {
+    const char *at = (const char *)codes + w * window_bytes + PREFETCH_BYTES;
+    for (int64_t line = 0; line < window_bytes; line += 64) __builtin_prefetch(at + line, 0, 2);
+    if (bits != 4) return; /* one scale per row */
+    const int64_t scale_at = (w * WINDOW) * (f16 ? 2 : 4) + PREFETCH_BYTES / 16 * (f16 ? 2 : 4);
+    __builtin_prefetch((const char *)scales + scale_at, 0, 2);
+    if (offsets) __builtin_prefetch((const char *)offsets + scale_at, 0, 2);
 }
 
 #if PATH_AVX512
@@ -164,8 +138,10 @@ static inline __attribute__((always_inline)) void window_rows(
     const int64_t window_bytes = bits == 4 ? 256 : 512;
     __m512 acc[TILE], off[TILE];
     for (int m = 0; m < mt; m++) acc[m] = off[m] = _mm512_setzero_ps();
-    for (int64_t w = 0; w < whole; w++)
+    for (int64_t w = 0; w < whole; w++) {
+        prefetch_ahead(codes, w, window_bytes, scales, offsets, f16, bits);
         one_window(codes + w * window_bytes, bits, scales, offsets, f16, q, w, 8, m0, mt, acc, off);
+    }
     if (whole < q->windows)
         one_window(codes + whole * window_bytes, bits, scales, offsets, f16, q, whole,
                    window_blocks(blocks, whole) / 2, m0, mt, acc, off);
@@ -269,8 +245,10 @@ static inline __attribute__((always_inline)) void window_rows(
     __m256 acc[TILE][2], off[TILE][2];
     for (int m = 0; m < mt; m++)
         acc[m][0] = acc[m][1] = off[m][0] = off[m][1] = _mm256_setzero_ps();
-    for (int64_t w = 0; w < whole; w++)
+    for (int64_t w = 0; w < whole; w++) {
+        prefetch_ahead(codes, w, window_bytes, scales, offsets, f16, bits);
         one_window(codes + w * window_bytes, bits, scales, offsets, f16, q, w, 8, m0, mt, acc, off);
+    }
     if (whole < q->windows)
         one_window(codes + whole * window_bytes, bits, scales, offsets, f16, q, whole,
                    window_blocks(blocks, whole) / 2, m0, mt, acc, off);
