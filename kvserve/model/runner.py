@@ -60,6 +60,7 @@ from kvserve.model.memory.kv_layout import layer_caches, layer_kv_specs
 from kvserve.model.memory.kv_memory import allocate_kv_caches, cpu_kv_cache_memory, num_blocks_for
 from kvserve.model.memory.layer_groups import GroupLayout, group_layers
 from kvserve.model.models import DecoderForCausalLM
+from kvserve.model.models.fused_decode import plan_fused_decode
 from kvserve.model.pooling.pooler import Pooler, attach_pooled
 from kvserve.model.sampling.grammar_mask import apply_grammar
 from kvserve.model.sampling.logprobs import token_logprobs
@@ -192,8 +193,9 @@ class ModelRunner:
             logger.info(cpu_dtype_reason(dtype, self.dtype, cpu, quantization, self.exact))
             kept = ", freed memory kept (glibc)" if keep_freed_memory() else ""
             self.cpu_kernels = enable_cpu_kernels(self.dtype, self.exact)
+            fused = plan_fused_decode(model, self.dtype, self.cpu_kernels, self.lora)
             threads, runtime, kernels = torch.get_num_threads(), openmp_runtime(), self.cpu_kernels
-            logger.info("CPU: %d thread(s), %s%s%s", threads, runtime, kept, kernels.words)
+            logger.info("CPU: %d thread(s), %s%s%s%s", threads, runtime, kept, kernels.words, fused)
         self.kv_tensors, self.kv_caches = self.allocate_pool(num_blocks)
         if self.draft is not None:
             self.draft.allocate(num_blocks)
@@ -218,13 +220,9 @@ class ModelRunner:
     ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], list[tuple[torch.Tensor, torch.Tensor]]]:
         """A pool of `num_blocks` blocks for this model: its (K, V) tensors and each layer's
         view of them (the runner's own, or a scratch one: kvserve.model.memory.scratch)."""
+        groups = self.layer_groups.group_size
         tensors = allocate_kv_caches(
-            self.config,
-            num_blocks,
-            self.block_size,
-            self.dtype,
-            self.device,
-            num_tensors=self.layer_groups.group_size,
+            self.config, num_blocks, self.block_size, self.dtype, self.device, num_tensors=groups
         )
         return tensors, layer_caches(self.config, self.layer_groups, tensors)
 

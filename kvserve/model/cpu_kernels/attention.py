@@ -37,7 +37,16 @@ from pathlib import Path
 
 import torch
 
-from kvserve.model.cpu_kernels.build import FLOAT, INT, INT64, POINTER, Built, function, load
+from kvserve.model.cpu_kernels.build import (
+    FLOAT,
+    INT,
+    INT64,
+    POINTER,
+    Built,
+    address,
+    function,
+    load,
+)
 from kvserve.model.cpu_kernels.float32_scope import float32_on
 
 SOURCE = Path(__file__).with_name("attention.c")
@@ -64,6 +73,10 @@ class AttentionKernel:
         """The dtypes whose prefill this machine's build computes (bfloat16: AVX-512 with
         bfloat16 dot products; float32: AVX-512 or AVX2 with FMA); SDPA's flash kernel runs
         the others."""
+
+    def decode_address(self, dtype: torch.dtype) -> int:
+        """The C address of the decode kernel for `dtype` (decode_layers.c calls it)."""
+        return address(self._decode[dtype])
 
     @property
     def can_prefill(self) -> bool:

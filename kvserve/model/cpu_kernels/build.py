@@ -140,3 +140,11 @@ def function(library: ctypes.CDLL, name: str, restype: type | None, *argtypes: t
     fn.restype = restype
     fn.argtypes = list(argtypes)
     return fn
+
+
+def address(fn: Any) -> int:
+    """The C address of a loaded function (for a kernel that calls another library's:
+    decode_layers.c)."""
+    value = ctypes.cast(fn, ctypes.c_void_p).value
+    assert value is not None
+    return value

@@ -23,7 +23,16 @@ from typing import Any
 
 import torch
 
-from kvserve.model.cpu_kernels.build import FLOAT, INT, INT64, POINTER, Built, function, load
+from kvserve.model.cpu_kernels.build import (
+    FLOAT,
+    INT,
+    INT64,
+    POINTER,
+    Built,
+    address,
+    function,
+    load,
+)
 from kvserve.model.cpu_kernels.float32_scope import float32_on
 
 SOURCE = Path(__file__).with_name("layer_ops.c")
@@ -47,6 +56,15 @@ class LayerOps:
         self._norm = per_dtype("add_rms_norm", _P, _P, _P, _P, _L, _I, _F, _I)
         self._rotary = per_dtype("rotary", _P, _L, _P, _P, _P, _L, _I, _I, _I)
         self._silu_mul = per_dtype("silu_mul", _P, _P, _L, _I, _I)
+
+    def addresses(self, dtype: torch.dtype) -> tuple[int, int, int]:
+        """The C addresses of the norm, the rotary and SiLU-and-multiply for `dtype`
+        (decode_layers.c calls them)."""
+        return (
+            address(self._norm[dtype]),
+            address(self._rotary[dtype]),
+            address(self._silu_mul[dtype]),
+        )
 
     @staticmethod
     def takes(x: torch.Tensor, weight: torch.Tensor) -> bool:

@@ -27,7 +27,16 @@ from pathlib import Path
 import torch
 import torch.autograd.profiler as profiler
 
-from kvserve.model.cpu_kernels.build import INT, INT64, POINTER, Built, build, function, load
+from kvserve.model.cpu_kernels.build import (
+    INT,
+    INT64,
+    POINTER,
+    Built,
+    address,
+    build,
+    function,
+    load,
+)
 
 SOURCE = Path(__file__).with_name("quant_matmul.c")
 DEQUANTIZE_SOURCE = Path(__file__).with_name("quant_dequantize.c")
@@ -49,6 +58,11 @@ class QuantMatmul:
         path = function(library, "quant_matmul_path", ctypes.c_char_p)
         self.path: str = path().decode()
         """avx512-vnni, avx2-vnni, avx2 or portable."""
+
+    @property
+    def function_address(self) -> int:
+        """The C address of `quant_matmul` (decode_layers.c calls it)."""
+        return address(self._fn)
 
     def __call__(
         self,

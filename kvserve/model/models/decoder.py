@@ -18,6 +18,7 @@ from kvserve.model.attention.attention_metadata import AttentionMetadata
 from kvserve.model.attention.plain import paged_attention
 from kvserve.model.checkpoint.config import ModelConfig
 from kvserve.model.layers.common import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary, embedding
+from kvserve.model.models.fused_decode import FusedDecode
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +139,9 @@ class DecoderForCausalLM(nn.Module):
             else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         )
         self.rotary: RotaryEmbedding | None = None
+        self.fused_decode: FusedDecode | None = None
+        """The layers of a decode step as one C call (kvserve.model.models.fused_decode):
+        planned by the CPU runner where the layers allow it."""
 
     @staticmethod
     def options(config: ModelConfig) -> DecoderOptions:
@@ -161,6 +165,9 @@ class DecoderForCausalLM(nn.Module):
         x = self.model.embed_tokens(input_ids)
         assert self.rotary is not None  # init_rotary (the loader calls it)
         cos_sin = self.rotary.cos_sin(positions, x.dtype)
+        fused = self.fused_decode
+        if fused is not None and fused.run(x, cos_sin, kv_caches, list(metas)):
+            return self.model.norm(x)
         for layer, kv_cache, meta in zip(self.model.layers, kv_caches, metas, strict=True):
             x = layer(x, cos_sin, kv_cache, meta)
         return self.model.norm(x)
