@@ -126,13 +126,8 @@ class FusedDecode:
             scale.add(attn.scale)
         if not structs or len(eps) != 1 or len(scale) != 1:
             return None
-        first = model.model.layers[0]
-        heads, kv_heads, head_dim = (
-            first.self_attn.num_heads,
-            first.self_attn.num_kv_heads,
-            first.self_attn.head_dim,
-        )
-        intermediate = first.mlp.down_proj.in_features
+        heads, kv_heads, head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        intermediate = config.intermediate_size
         shapes = (config.hidden_size, heads, kv_heads, head_dim, intermediate)
         widths = [
             (structs[0].qkv, (heads + 2 * kv_heads) * head_dim, config.hidden_size),
