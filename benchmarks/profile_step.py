@@ -46,6 +46,7 @@ KINDS = {
     "KV gather / write": ("aten::index_select", "aten::index_copy", "aten::index",
                           "aten::index_put"),
     "sampling": ("aten::argmax", "aten::topk", "aten::sort", "aten::softmax", "aten::multinomial"),
+    "fused decode (all layers)": ("kvserve::decode_layers",),
 }  # fmt: skip
 
 

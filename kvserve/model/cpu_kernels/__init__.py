@@ -24,11 +24,16 @@ call). Files:
                     it), the rotary embedding, SiLU-and-multiply: one call each, for
                     bfloat16 (torch's roundings in torch's places) and float32
     quant_matmul.c, quant_matmul.py  4-bit and 8-bit weight matmuls: int8 activations
-                    in blocks of 32, integer dot products on AVX-512 VNNI, AVX-VNNI, AVX2
-                    or plain C; enabled by the first packed layer (kvserve.model.quant),
-                    any dtype; quant_dequantize.c: the weights as floats for many rows
+                    in blocks of 32 (quant_input.h), integer dot products on AVX-512
+                    VNNI, AVX-VNNI, AVX2 or plain C, the weights prefetched 3 KiB ahead (a
+                    decode step streams every weight once); enabled by the first packed
+                    layer (kvserve.model.quant), any dtype; quant_dequantize.c: the
+                    weights as floats for many rows
     quant_layout.py, quant_layout.h  its weight layout (windows of 16 blocks, 8 steps of
                     4 columns), packed and unpacked with torch; the C side's constants
+    decode_layers.c, decode_layers.py  a decode step's decoder layers in one call:
+                    the kernels above through their addresses, in the modules' order
+                    (kvserve.model.models.fused_decode plans it per model)
     switch.py       enabled once by a bfloat16 or a fast float32 CPU runner,
                     process-wide (KVSERVE_CPU_KERNELS=0 turns them off)
     float32_scope.py  float32 takes them only inside a fast float32 runner's step (per
