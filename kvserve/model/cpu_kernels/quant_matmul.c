@@ -155,14 +155,14 @@ static inline __attribute__((always_inline)) void window_rows(
 #define PATH_NAME "avx512-vnni"
 
 #elif PATH_AVX2
-/* sum over each 4 bytes of u (codes 0..15) times x. */
-static inline __m256i dot_u4_s8(__m256i u, __m256i x) {
+/* acc + the sum over each 4 bytes of u (codes 0..15) times x. */
+static inline __m256i dot_u4_s8(__m256i acc, __m256i u, __m256i x) {
 #if defined(__AVXVNNI__)
-    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, x);
+    return _mm256_dpbusd_avx_epi32(acc, u, x);
 #elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, x);
+    return _mm256_dpbusd_epi32(acc, u, x);
 #else /* pairs of u * x fit int16 (2 * 15 * 127) */
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1)));
 #endif
 }
 
@@ -217,8 +217,8 @@ static inline __attribute__((always_inline)) void one_window(
             const int8_t *xq = q->xq + ((m0 + m) * q->windows + w) * (STEPS * 64) + t * 64;
             for (int h = 0; h < 2; h++) {
                 const __m256i xv = _mm256_load_si256((const __m256i *)(xq + 32 * h));
-                const __m256i d = bits == 4 ? dot_u4_s8(u[h], xv) : dot_s8_s8(u[h], xv);
-                dot[m][h] = _mm256_add_epi32(dot[m][h], d);
+                dot[m][h] = bits == 4 ? dot_u4_s8(dot[m][h], u[h], xv)
+                                      : _mm256_add_epi32(dot[m][h], dot_s8_s8(u[h], xv));
             }
         }
     }
