@@ -28,6 +28,8 @@ The files at the top of this package compose the rooms (no room imports them):
                     and which OpenMP runtime the process runs (for the load log)
     cpu_malloc.py   glibc keeps freed memory for the next step (mmap and trim thresholds
                     raised once): a step's large tensors reuse pages, no page faults
+    fused_decode.py on the CPU, a decode step's layers as one C call where every layer
+                    is the plain decoder with packed projections (the same bits)
     demo.py, demo_text.py   `demo:random`: a tiny random Qwen3 built locally, its tokenizer
                     trained on a built-in text
 """

@@ -55,12 +55,12 @@ from kvserve.model.device import (
     resolve_dtype,
 )
 from kvserve.model.draft_model import DraftModel
+from kvserve.model.fused_decode import plan_fused_decode
 from kvserve.model.loader import load_model
 from kvserve.model.memory.kv_layout import layer_caches, layer_kv_specs
 from kvserve.model.memory.kv_memory import allocate_kv_caches, cpu_kv_cache_memory, num_blocks_for
 from kvserve.model.memory.layer_groups import GroupLayout, group_layers
 from kvserve.model.models import DecoderForCausalLM
-from kvserve.model.models.fused_decode import plan_fused_decode
 from kvserve.model.pooling.pooler import Pooler, attach_pooled
 from kvserve.model.sampling.grammar_mask import apply_grammar
 from kvserve.model.sampling.logprobs import token_logprobs

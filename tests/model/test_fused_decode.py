@@ -1,4 +1,4 @@
-"""The fused decode (kvserve.model.models.fused_decode): a decode step's layers in one C
+"""The fused decode (kvserve.model.fused_decode): a decode step's layers in one C
 call give the bits of the Python path that runs the same kernels module by module.
 
 Each test runs the same requests twice on one runner, once with the plan and once
@@ -15,7 +15,7 @@ from gguf import GGMLQuantizationType as T
 
 from kvserve.engine.engine_args import EXACT_ENV
 from kvserve.model import ModelRunner
-from kvserve.model.models.fused_decode import FusedDecode
+from kvserve.model.fused_decode import FusedDecode
 from kvserve.sampling_params import SamplingParams
 from tests.model.gguf_files import write_gguf
 from tests.model.model_driver import Driver, Request, prompt

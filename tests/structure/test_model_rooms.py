@@ -31,9 +31,10 @@ MAY_IMPORT = {
 """Per room, the other model rooms it may import (its own always)."""
 
 TOP = {"__init__", "runner", "chunk_check", "draft_model", "loader", "demo", "demo_text", "device",
-       "threads", "cpu_malloc"}  # fmt: skip
+       "threads", "cpu_malloc", "fused_decode"}  # fmt: skip
 """The files directly in kvserve/model: what composes the rooms (the runner's chunk check and
-speculation's draft model, which the runner loads beside its own, are the runner's)."""
+speculation's draft model, which the runner loads beside its own, are the runner's; the fused
+decode joins the models' layers to the C kernels for the CPU runner)."""
 
 
 def room_of(module: str) -> str | None:

@@ -33,7 +33,7 @@ call). Files:
                     4 columns), packed and unpacked with torch; the C side's constants
     decode_layers.c, decode_layers.py  a decode step's decoder layers in one call:
                     the kernels above through their addresses, in the modules' order
-                    (kvserve.model.models.fused_decode plans it per model)
+                    (kvserve.model.fused_decode plans it per model)
     switch.py       enabled once by a bfloat16 or a fast float32 CPU runner,
                     process-wide (KVSERVE_CPU_KERNELS=0 turns them off)
     float32_scope.py  float32 takes them only inside a fast float32 runner's step (per

@@ -4,7 +4,7 @@ The C file says why (the Python between a 1B model's kernels costs about a fifth
 decode step) and what it runs: the other libraries' kernels, through their addresses,
 so the numbers are those of the Python path. This module holds the plain structs the
 call takes (the weights' pointers, built once per model by
-kvserve.model.models.fused_decode; the step's shapes and cache slots, built per step)
+kvserve.model.fused_decode; the step's shapes and cache slots, built per step)
 and loads the library once per process.
 """
 

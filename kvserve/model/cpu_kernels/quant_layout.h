@@ -3,7 +3,7 @@
 #ifndef KVSERVE_QUANT_LAYOUT_H
 #define KVSERVE_QUANT_LAYOUT_H
 #include <stdint.h>
-#if defined(__F16C__)
+#if defined(__F16C__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -30,6 +30,34 @@ static inline float scale_at(const void *s, int64_t i, int f16) { /* float16 or 
 /* Blocks in window w of a row of `blocks` (16, or fewer in the last). */
 static inline int window_blocks(int64_t blocks, int64_t w) {
     return blocks - w * WINDOW < WINDOW ? (int)(blocks - w * WINDOW) : WINDOW;
+}
+
+/* A 4-bit row's codes a byte each, each window laid out as 8-bit codes are (per step the low
+ * lanes' 4 * half bytes, then the high lanes'): a prefill's row then feeds its many input rows
+ * by plain loads, not a shift and a mask each time (quant_matmul.c). */
+static inline void unpack_row(const uint8_t *packed, uint8_t *out, int64_t K) {
+    const int64_t blocks = K / BLOCK;
+    for (int64_t w = 0; w * WINDOW < blocks; w++) {
+        const int half = window_blocks(blocks, w) / 2, n = 4 * half;
+        const uint8_t *src = packed + w * 256;
+        uint8_t *dst = out + w * 512;
+        for (int t = 0; t < STEPS; t++) {
+            int j = 0;
+#if defined(__AVX2__)
+            const __m256i low = _mm256_set1_epi8(0x0f);
+            for (; j + 32 <= n; j += 32) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(src + t * n + j));
+                _mm256_storeu_si256((__m256i *)(dst + t * 2 * n + j), _mm256_and_si256(v, low));
+                _mm256_storeu_si256((__m256i *)(dst + t * 2 * n + n + j),
+                                    _mm256_and_si256(_mm256_srli_epi16(v, 4), low));
+            }
+#endif
+            for (; j < n; j++) {
+                dst[t * 2 * n + j] = src[t * n + j] & 0x0f;
+                dst[t * 2 * n + n + j] = src[t * n + j] >> 4;
+            }
+        }
+    }
 }
 
 #endif

@@ -98,14 +98,13 @@ static inline __m512i codes8(const uint8_t *p, int half) {
 
 /* One window of one weight row against mt input rows: acc += the window's scaled sums. */
 static inline __attribute__((always_inline)) void one_window(
-    const uint8_t *wc, const int bits, const void *scales, const void *offsets, int f16,
-    const Quantized *q, int64_t w, const int half, int64_t m0, const int mt, __m512 *acc,
+    const uint8_t *wc, const int bits, const int packed, const void *scales, const void *offsets,
+    int f16, const Quantized *q, int64_t w, const int half, int64_t m0, const int mt, __m512 *acc,
     __m512 *off) {
     __m512i dot[TILE][2];
     for (int m = 0; m < mt; m++) dot[m][0] = dot[m][1] = _mm512_setzero_si512();
     for (int t = 0; t < STEPS; t++) {
-        const __m512i u = bits == 4 ? codes4(wc + t * 4 * half, half)
-                                    : codes8(wc + t * 8 * half, half);
+        const __m512i u = packed ? codes4(wc + t * 4 * half, half) : codes8(wc + t * 8 * half, half);
         for (int m = 0; m < mt; m++) {
             const int8_t *xq = q->xq + ((m0 + m) * q->windows + w) * (STEPS * 64) + t * 64;
             dot[m][t & 1] = _mm512_dpbusd_epi32(dot[m][t & 1], u, _mm512_load_si512(xq));
@@ -132,18 +131,21 @@ static inline __attribute__((always_inline)) void one_window(
 }
 
 static inline __attribute__((always_inline)) void window_rows(
-    const uint8_t *codes, const int bits, const void *scales, const void *offsets, int f16,
-    const Quantized *q, int64_t m0, const int mt, int64_t K, float *res) {
+    const uint8_t *codes, const int bits, const int packed, const void *scales,
+    const void *offsets, int f16, const Quantized *q, int64_t m0, const int mt, int64_t K,
+    float *res) {
     const int64_t blocks = K / BLOCK, whole = blocks / WINDOW;
-    const int64_t window_bytes = bits == 4 ? 256 : 512;
+    const int64_t window_bytes = packed ? 256 : 512;
     __m512 acc[TILE], off[TILE];
     for (int m = 0; m < mt; m++) acc[m] = off[m] = _mm512_setzero_ps();
     for (int64_t w = 0; w < whole; w++) {
-        prefetch_ahead(codes, w, window_bytes, scales, offsets, f16, bits);
-        one_window(codes + w * window_bytes, bits, scales, offsets, f16, q, w, 8, m0, mt, acc, off);
+        if (packed || bits == 8) /* not an unpacked row: that one is in L1 */
+            prefetch_ahead(codes, w, window_bytes, scales, offsets, f16, bits);
+        one_window(codes + w * window_bytes, bits, packed, scales, offsets, f16, q, w, 8, m0, mt,
+                   acc, off);
     }
     if (whole < q->windows)
-        one_window(codes + whole * window_bytes, bits, scales, offsets, f16, q, whole,
+        one_window(codes + whole * window_bytes, bits, packed, scales, offsets, f16, q, whole,
                    window_blocks(blocks, whole) / 2, m0, mt, acc, off);
     for (int m = 0; m < mt; m++) {
         if (bits == 4)
@@ -155,16 +157,25 @@ static inline __attribute__((always_inline)) void window_rows(
 #define PATH_NAME "avx512-vnni"
 
 #elif PATH_AVX2
-/* acc + the sum over each 4 bytes of u (codes 0..15) times x. */
-static inline __m256i dot_u4_s8(__m256i acc, __m256i u, __m256i x) {
+/* acc + u (codes 0..15) times x: with VNNI acc holds the sums over each 4 bytes; without,
+ * the sums over each 2 bytes (int16: a window's 8 steps of 2 * 15 * 127 stay within 30,480),
+ * turned into 4-byte sums once a window (U4_PAIRS). */
 #if defined(__AVXVNNI__)
+#define U4_PAIRS 0
+static inline __m256i dot_u4_s8(__m256i acc, __m256i u, __m256i x) {
     return _mm256_dpbusd_avx_epi32(acc, u, x);
-#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    return _mm256_dpbusd_epi32(acc, u, x);
-#else /* pairs of u * x fit int16 (2 * 15 * 127) */
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1)));
-#endif
 }
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define U4_PAIRS 0
+static inline __m256i dot_u4_s8(__m256i acc, __m256i u, __m256i x) {
+    return _mm256_dpbusd_epi32(acc, u, x);
+}
+#else
+#define U4_PAIRS 1
+static inline __m256i dot_u4_s8(__m256i acc, __m256i u, __m256i x) {
+    return _mm256_add_epi16(acc, _mm256_maddubs_epi16(u, x));
+}
+#endif
 
 /* sum over each 4 bytes of w * x, both int8 in -127..127 (|x| times w with x's sign). */
 static inline __m256i dot_s8_s8(__m256i w, __m256i x) {
@@ -197,18 +208,21 @@ static inline __m256i load_bytes(const uint8_t *p, int half) {
 
 /* One window of one weight row against mt input rows, lanes 0-7 and 8-15 as two halves. */
 static inline __attribute__((always_inline)) void one_window(
-    const uint8_t *wc, const int bits, const void *scales, const void *offsets, int f16,
-    const Quantized *q, int64_t w, const int half, int64_t m0, const int mt, __m256 (*acc)[2],
-    __m256 (*off)[2]) {
+    const uint8_t *wc, const int bits, const int packed, const void *scales, const void *offsets,
+    int f16, const Quantized *q, int64_t w, const int half, int64_t m0, const int mt,
+    __m256 (*acc)[2], __m256 (*off)[2]) {
     const __m256i low = _mm256_set1_epi8(0x0f), flip = _mm256_set1_epi8((char)0x80);
     __m256i dot[TILE][2];
     for (int m = 0; m < mt; m++) dot[m][0] = dot[m][1] = _mm256_setzero_si256();
     for (int t = 0; t < STEPS; t++) {
         __m256i u[2];
-        if (bits == 4) {
+        if (packed) {
             const __m256i v = load_bytes(wc + t * 4 * half, half);
             u[0] = _mm256_and_si256(v, low);
             u[1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+        } else if (bits == 4) {
+            u[0] = load_bytes(wc + t * 8 * half, half);
+            u[1] = load_bytes(wc + t * 8 * half + 4 * half, half);
         } else {
             u[0] = _mm256_xor_si256(load_bytes(wc + t * 8 * half, half), flip);
             u[1] = _mm256_xor_si256(load_bytes(wc + t * 8 * half + 4 * half, half), flip);
@@ -222,6 +236,9 @@ static inline __attribute__((always_inline)) void one_window(
             }
         }
     }
+    if (bits == 4 && U4_PAIRS)
+        for (int m = 0; m < mt; m++)
+            for (int h = 0; h < 2; h++) dot[m][h] = _mm256_madd_epi16(dot[m][h], _mm256_set1_epi16(1));
     for (int h = 0; h < 2; h++) {
         const int64_t b0 = w * WINDOW + h * half;
         const __m256 s = bits == 4 ? lanes8(scales, b0, half, f16) : _mm256_set1_ps(1.0f);
@@ -238,19 +255,22 @@ static inline __attribute__((always_inline)) void one_window(
 }
 
 static inline __attribute__((always_inline)) void window_rows(
-    const uint8_t *codes, const int bits, const void *scales, const void *offsets, int f16,
-    const Quantized *q, int64_t m0, const int mt, int64_t K, float *res) {
+    const uint8_t *codes, const int bits, const int packed, const void *scales,
+    const void *offsets, int f16, const Quantized *q, int64_t m0, const int mt, int64_t K,
+    float *res) {
     const int64_t blocks = K / BLOCK, whole = blocks / WINDOW;
-    const int64_t window_bytes = bits == 4 ? 256 : 512;
+    const int64_t window_bytes = packed ? 256 : 512;
     __m256 acc[TILE][2], off[TILE][2];
     for (int m = 0; m < mt; m++)
         acc[m][0] = acc[m][1] = off[m][0] = off[m][1] = _mm256_setzero_ps();
     for (int64_t w = 0; w < whole; w++) {
-        prefetch_ahead(codes, w, window_bytes, scales, offsets, f16, bits);
-        one_window(codes + w * window_bytes, bits, scales, offsets, f16, q, w, 8, m0, mt, acc, off);
+        if (packed || bits == 8) /* not an unpacked row: that one is in L1 */
+            prefetch_ahead(codes, w, window_bytes, scales, offsets, f16, bits);
+        one_window(codes + w * window_bytes, bits, packed, scales, offsets, f16, q, w, 8, m0, mt,
+                   acc, off);
     }
     if (whole < q->windows)
-        one_window(codes + whole * window_bytes, bits, scales, offsets, f16, q, whole,
+        one_window(codes + whole * window_bytes, bits, packed, scales, offsets, f16, q, whole,
                    window_blocks(blocks, whole) / 2, m0, mt, acc, off);
     for (int m = 0; m < mt; m++) {
         const float dot = sum8(_mm256_add_ps(acc[m][0], acc[m][1]));
@@ -265,7 +285,7 @@ static inline __attribute__((always_inline)) void window_rows(
 #endif
 
 #else /* plain C: the same sums, one block at a time */
-static inline void window_rows(const uint8_t *codes, int bits, const void *scales,
+static inline void window_rows(const uint8_t *codes, int bits, int packed, const void *scales,
                                const void *offsets, int f16, const Quantized *q, int64_t m0,
                                const int mt, int64_t K, float *res) {
     const int64_t blocks = K / BLOCK;
@@ -275,13 +295,14 @@ static inline void window_rows(const uint8_t *codes, int bits, const void *scale
             const int64_t w = b / WINDOW;
             const int j = (int)(b % WINDOW), half = window_blocks(blocks, w) / 2;
             const int h = j >= half, lane = j - h * half;
-            const uint8_t *wc = codes + w * (bits == 4 ? 256 : 512);
+            const uint8_t *wc = codes + w * (packed ? 256 : 512);
             const int8_t *xq = q->xq + ((m0 + m) * q->windows + w) * (STEPS * 64) + 32 * h + 4 * lane;
             int dot = 0;
             for (int e = 0; e < BLOCK; e++) {
                 const int t = e / 4, i = e % 4;
-                const int code = bits == 4 ? (wc[t * 4 * half + 4 * lane + i] >> (4 * h)) & 0x0f
-                                           : wc[t * 8 * half + h * 4 * half + 4 * lane + i] - 128;
+                const int code = packed ? (wc[t * 4 * half + 4 * lane + i] >> (4 * h)) & 0x0f
+                                        : wc[t * 8 * half + h * 4 * half + 4 * lane + i] -
+                                              (bits == 8 ? 128 : 0);
                 dot += code * xq[t * 64 + i];
             }
             const int64_t at = ((m0 + m) * q->windows + w) * WINDOW + 8 * h + lane;
@@ -299,19 +320,22 @@ static inline void window_rows(const uint8_t *codes, int bits, const void *scale
 #define PATH_NAME "portable"
 #endif
 
-/* window_rows with the bits and the tile's rows as constants, each compiled on its own so
- * that its accumulators live in registers. */
-#define ROWS(BITS, MT)                                                                          \
-    static __attribute__((noinline)) void rows##BITS##_##MT(                                    \
+/* window_rows with the codes' kind and the tile's rows as constants, each compiled on its own
+ * so that its accumulators live in registers: 4 bits packed (two codes a byte), 4 bits
+ * unpacked (a byte each: unpack_row's), 8 bits. */
+#define ROWS(NAME, BITS, PACKED, MT)                                                            \
+    static __attribute__((noinline)) void NAME##_##MT(                                          \
         const uint8_t *codes, const void *scales, const void *offsets, int f16,                 \
         const Quantized *q, int64_t m0, int64_t K, float *res) {                                \
-        window_rows(codes, BITS, scales, offsets, f16, q, m0, MT, K, res);                       \
+        window_rows(codes, BITS, PACKED, scales, offsets, f16, q, m0, MT, K, res);              \
     }
-ROWS(4, 1) ROWS(4, 2) ROWS(8, 1) ROWS(8, 2)
+ROWS(rows4, 4, 1, 1) ROWS(rows4, 4, 1, 2) ROWS(rows4u, 4, 0, 1) ROWS(rows4u, 4, 0, 2)
+ROWS(rows8, 8, 0, 1) ROWS(rows8, 8, 0, 2)
 
 typedef void (*RowsFn)(const uint8_t *, const void *, const void *, int, const Quantized *,
                        int64_t, int64_t, float *);
-static const RowsFn ROWS4[TILE] = {rows4_1, rows4_2}, ROWS8[TILE] = {rows8_1, rows8_2};
+static const RowsFn ROWS4[TILE] = {rows4_1, rows4_2}, ROWS4U[TILE] = {rows4u_1, rows4u_2},
+                    ROWS8[TILE] = {rows8_1, rows8_2};
 
 /* Which instructions this build runs (the load log says it). */
 const char *quant_matmul_path(void) { return PATH_NAME; }
@@ -342,20 +366,28 @@ int quant_matmul(const void *x, void *out, int x_bf16, int64_t M, int64_t N, int
     const int64_t row_bytes = bits == 4 ? K / 2 : K;
     const int64_t row_scales = bits == 4 ? (K / BLOCK) * (scales_f16 ? 2 : 4) : 4;
     threads = N * K >= 65536 ? threads : 1;
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-    for (int64_t n = 0; n < N; n++) {
-        const uint8_t *row = codes + n * row_bytes;
-        const void *s = (const char *)scales + n * row_scales;
-        const void *o = offsets && bits == 4 ? (const char *)offsets + n * row_scales : NULL;
-        float res[TILE];
-        for (int64_t m0 = 0; m0 < M; m0 += TILE) {
-            const int mt = M - m0 < TILE ? (int)(M - m0) : TILE;
-            (bits == 4 ? ROWS4 : ROWS8)[mt - 1](row, s, o, scales_f16, &q, m0, K, res);
-            for (int m = 0; m < mt; m++) {
-                if (x_bf16) ((uint16_t *)out)[(m0 + m) * N + n] = to_bf(res[m]);
-                else ((float *)out)[(m0 + m) * N + n] = res[m];
+    const int unpack = bits == 4 && M > 2 * TILE; /* three passes over a row or more */
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        uint8_t *unpacked = unpack ? aligned_alloc(64, (size_t)(q.windows * 512)) : NULL;
+#pragma omp for schedule(static)
+        for (int64_t n = 0; n < N; n++) {
+            const uint8_t *row = codes + n * row_bytes;
+            const void *s = (const char *)scales + n * row_scales;
+            const void *o = offsets && bits == 4 ? (const char *)offsets + n * row_scales : NULL;
+            const RowsFn *fns = bits == 8 ? ROWS8 : unpacked ? ROWS4U : ROWS4;
+            if (unpacked) unpack_row(row, unpacked, K), row = unpacked;
+            float res[TILE];
+            for (int64_t m0 = 0; m0 < M; m0 += TILE) {
+                const int mt = M - m0 < TILE ? (int)(M - m0) : TILE;
+                fns[mt - 1](row, s, o, scales_f16, &q, m0, K, res);
+                for (int m = 0; m < mt; m++) {
+                    if (x_bf16) ((uint16_t *)out)[(m0 + m) * N + n] = to_bf(res[m]);
+                    else ((float *)out)[(m0 + m) * N + n] = res[m];
+                }
             }
         }
+        free(unpacked);
     }
     free(q.xq), free(q.dx);
     return 0;

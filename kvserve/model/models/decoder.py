@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 import torch
 from torch import nn
@@ -18,7 +18,20 @@ from kvserve.model.attention.attention_metadata import AttentionMetadata
 from kvserve.model.attention.plain import paged_attention
 from kvserve.model.checkpoint.config import ModelConfig
 from kvserve.model.layers.common import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary, embedding
-from kvserve.model.models.fused_decode import FusedDecode
+
+
+class LayersCall(Protocol):
+    """Every layer of a step at once, where it can (kvserve.model.fused_decode)."""
+
+    def run(
+        self,
+        x: torch.Tensor,
+        cos_sin: tuple[torch.Tensor, ...],
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        metas: list[AttentionMetadata],
+    ) -> bool:
+        """Run the layers on x in place and say True, or do nothing and say False."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,9 +152,9 @@ class DecoderForCausalLM(nn.Module):
             else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         )
         self.rotary: RotaryEmbedding | None = None
-        self.fused_decode: FusedDecode | None = None
-        """The layers of a decode step as one C call (kvserve.model.models.fused_decode):
-        planned by the CPU runner where the layers allow it."""
+        self.fused_decode: LayersCall | None = None
+        """The layers of a decode step as one C call (kvserve.model.fused_decode): planned by
+        the CPU runner where the layers allow it."""
 
     @staticmethod
     def options(config: ModelConfig) -> DecoderOptions:

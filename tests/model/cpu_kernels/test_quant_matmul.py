@@ -85,7 +85,8 @@ def assert_close(out: torch.Tensor, expected: torch.Tensor) -> None:
 
 SHAPES = [(1, 64, 576), (5, 48, 1536), (9, 33, 640), (4, 16, 64), (2, 20, 512)]
 """(rows, outputs, inputs): short windows (576 = one window and 2 blocks; 640, 64), whole
-windows only (512, 1536), every tile size of 4 input rows, outputs not a multiple of 16."""
+windows only (512, 1536), tiles of 1 and 2 rows, 4-bit codes packed (up to 4 rows) and
+unpacked (5 rows and more), outputs not a multiple of 16."""
 
 
 @pytest.mark.parametrize(("rows", "outputs", "inputs"), SHAPES)
@@ -126,6 +127,8 @@ def test_bfloat16_rows_in_and_out(kernel):
 
 
 def test_a_rows_result_does_not_depend_on_its_batch(kernel):
+    """11 rows unpack each 4-bit weight row to a byte a code first; 1 to 4 rows read the
+    packed codes: the same bits either way."""
     gen = torch.Generator().manual_seed(4)
     inputs = 1600  # three whole windows and a short one
     packed4 = pack(torch.randint(0, 16, (70, inputs), generator=gen), 4)

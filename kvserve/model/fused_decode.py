@@ -113,12 +113,11 @@ class FusedDecode:
             norms = (layer.input_layernorm, layer.post_attention_layernorm)
             if any(type(n) is not RMSNorm or n.weight.dtype != dtype for n in norms):
                 return None
-            linears = [getattr(attn, "qkv_proj", None), attn.o_proj]
-            linears += [getattr(mlp, "gate_up_proj", None), mlp.down_proj]
-            if not all(isinstance(p, PackedLinear) for p in linears):
-                return None
-            packed = [_packed(p, dtype) for p in linears]  # type: ignore[arg-type]
-            if any(p is None for p in packed):
+            modules = [getattr(attn, "qkv_proj", None), attn.o_proj]
+            modules += [getattr(mlp, "gate_up_proj", None), mlp.down_proj]
+            linears = [p for p in modules if isinstance(p, PackedLinear)]
+            packed = [s for s in (_packed(p, dtype) for p in linears) if s is not None]
+            if len(packed) != len(modules):
                 return None
             norm_in, norm_post = norms
             structs.append(Layer(*packed, norm_in.weight.data_ptr(), norm_post.weight.data_ptr()))
