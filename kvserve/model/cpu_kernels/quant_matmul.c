@@ -19,9 +19,12 @@
  * The input is laid out the same way when it is quantized (kvserve/model/cpu_kernels/
  * quant_layout.py packs the weights).
  *
- * Each (input row, output row) pair runs the same instructions whatever the number of
- * rows: a row's result does not depend on the batch it came in (a prompt prefilled after a
- * cached prefix gets the bits an uncached prefill gets).
+ * Each (input row, output row) pair runs the same integer sums and the same float32
+ * instructions whatever the number of rows: a row's result does not depend on the batch it
+ * came in (a prompt prefilled after a cached prefix gets the bits an uncached prefill gets).
+ * With more than 2 * TILE input rows a 4-bit weight row is first unpacked to a byte a code
+ * (quant_layout.h's unpack_row), so its many passes load codes instead of shifting and
+ * masking them each time: integer sums, so the same bits.
  */
 #include <math.h>
 #include <stdint.h>
