@@ -27,7 +27,9 @@ call). Files:
                     in blocks of 32 (quant_input.h), integer dot products on AVX-512
                     VNNI, AVX-VNNI, AVX2 or plain C, the weights prefetched 3 KiB ahead (a
                     decode step streams every weight once); enabled by the first packed
-                    layer (kvserve.model.quant), any dtype; quant_dequantize.c: the
+                    layer (kvserve.model.quant), any dtype; a prefill unpacks each weight
+                    row once and meets its input rows in blocks that stay in L1;
+                    quant_matmul_plain.h: the build without AVX2; quant_dequantize.c: the
                     weights as floats for many rows
     quant_layout.py, quant_layout.h  its weight layout (windows of 16 blocks, 8 steps of
                     4 columns), packed and unpacked with torch; the C side's constants

@@ -36,6 +36,7 @@
 #include "quant_layout.h"
 
 #define TILE 2 /* input rows sharing one pass over a weight row (with 4, registers spill) */
+#define L1_BLOCK_BYTES 16384 /* a prefill's unpacked weight rows, and its input rows' codes */
 
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
@@ -288,38 +289,7 @@ static inline __attribute__((always_inline)) void window_rows(
 #endif
 
 #else /* plain C: the same sums, one block at a time */
-static inline void window_rows(const uint8_t *codes, int bits, int packed, const void *scales,
-                               const void *offsets, int f16, const Quantized *q, int64_t m0,
-                               const int mt, int64_t K, float *res) {
-    const int64_t blocks = K / BLOCK;
-    for (int m = 0; m < mt; m++) {
-        float acc = 0.0f, off = 0.0f;
-        for (int64_t b = 0; b < blocks; b++) {
-            const int64_t w = b / WINDOW;
-            const int j = (int)(b % WINDOW), half = window_blocks(blocks, w) / 2;
-            const int h = j >= half, lane = j - h * half;
-            const uint8_t *wc = codes + w * (packed ? 256 : 512);
-            const int8_t *xq = q->xq + ((m0 + m) * q->windows + w) * (STEPS * 64) + 32 * h + 4 * lane;
-            int dot = 0;
-            for (int e = 0; e < BLOCK; e++) {
-                const int t = e / 4, i = e % 4;
-                const int code = packed ? (wc[t * 4 * half + 4 * lane + i] >> (4 * h)) & 0x0f
-                                        : wc[t * 8 * half + h * 4 * half + 4 * lane + i] -
-                                              (bits == 8 ? 128 : 0);
-                dot += code * xq[t * 64 + i];
-            }
-            const int64_t at = ((m0 + m) * q->windows + w) * WINDOW + 8 * h + lane;
-            if (bits == 4) {
-                const float s = scale_at(scales, b, f16);
-                acc += (float)dot * (s * q->dx[at]);
-                off += (offsets ? scale_at(offsets, b, f16) : -8.0f * s) * q->xs[at];
-            } else {
-                acc += (float)dot * q->dx[at];
-            }
-        }
-        res[m] = bits == 4 ? acc + off : *(const float *)scales * acc;
-    }
-}
+#include "quant_matmul_plain.h"
 #define PATH_NAME "portable"
 #endif
 
@@ -369,24 +339,37 @@ int quant_matmul(const void *x, void *out, int x_bf16, int64_t M, int64_t N, int
     const int64_t row_bytes = bits == 4 ? K / 2 : K;
     const int64_t row_scales = bits == 4 ? (K / BLOCK) * (scales_f16 ? 2 : 4) : 4;
     threads = N * K >= 65536 ? threads : 1;
-    const int unpack = bits == 4 && M > 2 * TILE; /* three passes over a row or more */
+    /* Three passes over a row or more: unpack it, and visit the rows in blocks (a few weight
+     * rows against a chunk of input rows, both within L1) instead of every input row per
+     * weight row, which reads all of the quantized input from L2 each time. */
+    const int unpack = bits == 4 && M > 2 * TILE;
+    const int64_t fit = unpack ? L1_BLOCK_BYTES / K : 0; /* K bytes a row, either kind */
+    const int64_t block = fit > 1 ? fit : 1, chunk = unpack && fit > TILE ? fit / TILE * TILE : M;
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
-        uint8_t *unpacked = unpack ? aligned_alloc(64, (size_t)(q.windows * 512)) : NULL;
+        uint8_t *unpacked = unpack ? aligned_alloc(64, (size_t)(block * q.windows * 512)) : NULL;
+        const RowsFn *fns = bits == 8 ? ROWS8 : unpacked ? ROWS4U : ROWS4;
 #pragma omp for schedule(static)
-        for (int64_t n = 0; n < N; n++) {
-            const uint8_t *row = codes + n * row_bytes;
-            const void *s = (const char *)scales + n * row_scales;
-            const void *o = offsets && bits == 4 ? (const char *)offsets + n * row_scales : NULL;
-            const RowsFn *fns = bits == 8 ? ROWS8 : unpacked ? ROWS4U : ROWS4;
-            if (unpacked) unpack_row(row, unpacked, K), row = unpacked;
-            float res[TILE];
-            for (int64_t m0 = 0; m0 < M; m0 += TILE) {
-                const int mt = M - m0 < TILE ? (int)(M - m0) : TILE;
-                fns[mt - 1](row, s, o, scales_f16, &q, m0, K, res);
-                for (int m = 0; m < mt; m++) {
-                    if (x_bf16) ((uint16_t *)out)[(m0 + m) * N + n] = to_bf(res[m]);
-                    else ((float *)out)[(m0 + m) * N + n] = res[m];
+        for (int64_t n0 = 0; n0 < N; n0 += block) {
+            const int64_t rows = N - n0 < block ? N - n0 : block;
+            for (int64_t j = 0; unpacked && j < rows; j++)
+                unpack_row(codes + (n0 + j) * row_bytes, unpacked + j * q.windows * 512, K);
+            for (int64_t m1 = 0; m1 < M; m1 += chunk) {
+                const int64_t m_end = M - m1 < chunk ? M : m1 + chunk;
+                for (int64_t n = n0; n < n0 + rows; n++) {
+                    const uint8_t *row = unpacked ? unpacked + (n - n0) * q.windows * 512
+                                                  : codes + n * row_bytes;
+                    const void *s = (const char *)scales + n * row_scales;
+                    const void *o = offsets && bits == 4 ? (const char *)offsets + n * row_scales : NULL;
+                    float res[TILE];
+                    for (int64_t m0 = m1; m0 < m_end; m0 += TILE) {
+                        const int mt = m_end - m0 < TILE ? (int)(m_end - m0) : TILE;
+                        fns[mt - 1](row, s, o, scales_f16, &q, m0, K, res);
+                        for (int m = 0; m < mt; m++) {
+                            if (x_bf16) ((uint16_t *)out)[(m0 + m) * N + n] = to_bf(res[m]);
+                            else ((float *)out)[(m0 + m) * N + n] = res[m];
+                        }
+                    }
                 }
             }
         }
