@@ -19,6 +19,7 @@ dtype. Any other step runs the modules.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -148,7 +149,7 @@ class FusedDecode:
         x: torch.Tensor,
         cos_sin: tuple[torch.Tensor, ...],
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        metas: list[AttentionMetadata],
+        metas: Sequence[AttentionMetadata],
     ) -> bool:
         """Run every layer on x in place and return True, or return False (nothing done)
         where the Python path would run other kernels this step."""

@@ -70,25 +70,6 @@ typedef struct {
     float eps, scale;
 } Step;
 
-/* out [rows, N] = x p.W^T (+ bias) */
-static int project(const Kernels *k, const Step *s, const Packed *p, const void *x, void *out) {
-    if (k->matmul(x, out, (int)s->bf16, s->rows, p->out_features, p->in_features, p->codes,
-                  (int)p->bits, p->scales, p->offsets, (int)p->scales_f16, (int)s->threads))
-        return -1;
-    if (p->bias == NULL) return 0;
-    const int64_t n = p->out_features;
-    for (int64_t r = 0; r < s->rows; r++)
-        for (int64_t i = 0; i < n; i++) {
-            if (s->bf16) {
-                uint16_t *o = (uint16_t *)out + r * n;
-                o[i] = to_bf(bf(o[i]) + bf(((const uint16_t *)p->bias)[i]));
-            } else {
-                ((float *)out)[r * n + i] += ((const float *)p->bias)[i];
-            }
-        }
-    return 0;
-}
-
 /* x += delta, elementwise over count elements (bfloat16: the float sum rounded) */
 static void add_into(void *x, const void *delta, int64_t count, int64_t bf16) {
     if (bf16) {
@@ -100,6 +81,17 @@ static void add_into(void *x, const void *delta, int64_t count, int64_t bf16) {
         const float *b = (const float *)delta;
         for (int64_t i = 0; i < count; i++) a[i] += b[i];
     }
+}
+
+/* out [rows, N] = x p.W^T (+ bias) */
+static int project(const Kernels *k, const Step *s, const Packed *p, const void *x, void *out) {
+    if (k->matmul(x, out, (int)s->bf16, s->rows, p->out_features, p->in_features, p->codes,
+                  (int)p->bits, p->scales, p->offsets, (int)p->scales_f16, (int)s->threads))
+        return -1;
+    const int64_t n = p->out_features, elem = s->bf16 ? 2 : 4;
+    for (int64_t r = 0; p->bias != NULL && r < s->rows; r++)
+        add_into((char *)out + r * n * elem, p->bias, n, s->bf16);
+    return 0;
 }
 
 /* Runs `count` layers on the residual stream x [rows, hidden] in place. caches: K and V of

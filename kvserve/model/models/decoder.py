@@ -28,7 +28,7 @@ class LayersCall(Protocol):
         x: torch.Tensor,
         cos_sin: tuple[torch.Tensor, ...],
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        metas: list[AttentionMetadata],
+        metas: Sequence[AttentionMetadata],
     ) -> bool:
         """Run the layers on x in place and say True, or do nothing and say False."""
         ...
@@ -179,7 +179,7 @@ class DecoderForCausalLM(nn.Module):
         assert self.rotary is not None  # init_rotary (the loader calls it)
         cos_sin = self.rotary.cos_sin(positions, x.dtype)
         fused = self.fused_decode
-        if fused is not None and fused.run(x, cos_sin, kv_caches, list(metas)):
+        if fused is not None and fused.run(x, cos_sin, kv_caches, metas):
             return self.model.norm(x)
         for layer, kv_cache, meta in zip(self.model.layers, kv_caches, metas, strict=True):
             x = layer(x, cos_sin, kv_cache, meta)
