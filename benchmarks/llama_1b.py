@@ -1,7 +1,8 @@
 """A 1B-parameter model on the CPU: kvserve against llama.cpp, vLLM's CPU build and memory.
 
 Run: .venv/bin/python benchmarks/llama_1b.py [--threads 2] [--repeat 2] [--rounds 2] [--prompts 4]
-         [--tokens 32] [--one-at-a-time gguf gguf+bf16 bfloat16] [--batched bfloat16 float32]
+         [--tokens 32] [--one-at-a-time gguf gguf/vnni gguf+bf16 bfloat16]
+         [--batched bfloat16 float32]
          [--skip-llama-cpp] [--eager]
 
 Why: decode reads every weight once a step, so on a 0.5-3B model the speed of one request
@@ -59,6 +60,10 @@ from machine import machine_line
 HERE = Path(__file__).resolve().parent
 EOS = 2
 COPY_BYTES = 1 << 30
+AMX_ENV = "KVSERVE_AMX"  # kvserve.model.cpu_kernels.quant_matmul's
+NO_TILES = "/vnni"
+"""A row name's suffix: that row with AMX tiles off (`gguf/vnni`: every packed matmul on
+AVX-512 VNNI, as on a CPU without AMX)."""
 
 
 def prompts(model: Path, n: int) -> list[list[int]]:
@@ -91,6 +96,8 @@ def one_request_worker(row: str, model: str, threads: int, work: dict, repeat: i
     else:
         from kvserve import LLM, SamplingParams
 
+        if row.endswith(NO_TILES):  # before the kernel loads
+            os.environ[AMX_ENV], row = "0", row.removesuffix(NO_TILES)
         quant, _, acts = row.partition("+")
         if quant == "gguf":
             dtype = "bfloat16" if acts == "bf16" else "float32"

@@ -29,8 +29,10 @@ call). Files:
                     decode step streams every weight once); enabled by the first packed
                     layer (kvserve.model.quant), any dtype; a prefill unpacks each weight
                     row once and meets its input rows in blocks that stay in L1;
-                    quant_matmul_plain.h: the build without AVX2; quant_dequantize.c: the
-                    weights as floats for many rows
+                    quant_matmul_avx2.h, quant_matmul_plain.h: the AVX2 and plain C
+                    paths; quant_matmul_amx.h: calls of 10 rows or more on AMX tiles,
+                    16 weight rows at a time dequantized to bfloat16 (KVSERVE_AMX=0
+                    keeps them off); quant_dequantize.c and .h: the weights as floats
     quant_layout.py, quant_layout.h  its weight layout (windows of 16 blocks, 8 steps of
                     4 columns), packed and unpacked with torch; the C side's constants
     decode_layers.c, decode_layers.py  a decode step's decoder layers in one call:

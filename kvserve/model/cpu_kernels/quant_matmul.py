@@ -12,16 +12,22 @@ No library ships such a kernel for a plain shared library with these layouts
 (llama.cpp's ggml is a whole runtime with its own tensors and threads), so it
 is written here, in about 300 lines of C.
 
-The arithmetic of one (input row, output row) pair is the same whatever the
-number of rows in the call, so a row's result never depends on its batch. The
-weights' layout is `quant_layout`'s. The tests compare the kernel with the
-same sums computed in float64 by torch, on every instruction path this CPU can
-build (`build_variant`: AVX-512 VNNI, AVX2 with and without VNNI, plain C).
+On a CPU with AMX (Sapphire Rapids and later) a call of `tile_rows` input rows
+or more (a prefill's chunk, a batch of 10 decodes) runs on the tiles instead
+(`quant_matmul_amx.h`): 16 weight rows at a time dequantized to bfloat16, the
+input rounded to bfloat16, sums in float32, about 2-3x the speed of VNNI there
+(docs/quantization.md). Below `tile_rows`, and on either path, a row's result
+never depends on the other rows of its call. `KVSERVE_AMX=0` keeps the tiles
+off. The weights' layout is `quant_layout`'s. The tests compare the kernel with
+the same sums computed in float64 by torch, on every instruction path this CPU
+can build (`build_variant`: AVX-512 VNNI and AMX, AVX2 with and without VNNI,
+plain C).
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 from pathlib import Path
 
 import torch
@@ -39,6 +45,8 @@ from kvserve.model.cpu_kernels.build import (
 )
 
 SOURCE = Path(__file__).with_name("quant_matmul.c")
+AMX_ENV = "KVSERVE_AMX"
+"""`0` keeps every call off AMX tiles (quant_matmul_amx.h), on a CPU that has them."""
 DEQUANTIZE_SOURCE = Path(__file__).with_name("quant_dequantize.c")
 
 _P, _I, _L = POINTER, INT, INT64
@@ -58,6 +66,15 @@ class QuantMatmul:
         path = function(library, "quant_matmul_path", ctypes.c_char_p)
         self.path: str = path().decode()
         """avx512-vnni, avx2-vnni, avx2 or portable."""
+        self._tiles = function(library, "quant_matmul_tiles", _I, _I)
+        self.tile_rows: int = self.use_tiles(os.environ.get(AMX_ENV, "1") != "0")
+        """The input rows from which a call runs on AMX tiles in bfloat16; 0: never."""
+
+    def use_tiles(self, on: bool) -> int:
+        """AMX tiles on or off for this library's calls (tests, benchmarks): the new
+        tile_rows. On asks Linux for the tiles' state; without AMX it stays 0."""
+        self.tile_rows = self._tiles(int(on))
+        return self.tile_rows
 
     @property
     def function_address(self) -> int:

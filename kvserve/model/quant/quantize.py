@@ -73,11 +73,12 @@ class QuantSummary:
             parts.append(f"{len(self.unpacked)} in the engine's dtype")
         packed = ", ".join(parts) or "no"
         built, kernel = quant_matmul.enable(), quant_matmul.kernel()
-        how = (
-            f"int8 activations on the {kernel.path} kernel"
-            if kernel is not None
-            else f"weights dequantized per call: no kernel ({built.reason})"
-        )
+        if kernel is None:
+            how = f"weights dequantized per call: no kernel ({built.reason})"
+        else:
+            how = f"int8 activations on the {kernel.path} kernel"
+            if kernel.tile_rows:
+                how += f", {kernel.tile_rows} rows and more on AMX tiles in bfloat16"
         return (
             f"quantization {self.mode}: {packed} linear layers, {self.bytes / 2**20:.1f} MiB "
             f"packed, {how}"

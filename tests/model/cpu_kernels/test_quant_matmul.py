@@ -126,19 +126,26 @@ def test_bfloat16_rows_in_and_out(kernel):
     assert ((out.double() - expected).abs() <= expected.abs() * 2**-8 + 1e-6).all()
 
 
-def test_a_rows_result_does_not_depend_on_its_batch(kernel):
-    """11 rows unpack each 4-bit weight row to a byte a code first; 1 to 4 rows read the
-    packed codes: the same bits either way."""
+def batch_case(rows: int) -> tuple[torch.Tensor, list[tuple]]:
+    """`rows` input rows, and (codes, scales, offsets) of 4-bit and 8-bit weights."""
     gen = torch.Generator().manual_seed(4)
     inputs = 1600  # three whole windows and a short one
     packed4 = pack(torch.randint(0, 16, (70, inputs), generator=gen), 4)
     scales = (torch.rand(70, inputs // 32, generator=gen) / 50).half()
     packed8 = pack(torch.randint(1, 256, (70, inputs), generator=gen), 8)
     row_scales = torch.rand(70, generator=gen) / 100
-    x = torch.randn(11, inputs, generator=gen)
-    for args in ((packed4, scales, scales), (packed8, row_scales, None)):
+    x = torch.randn(rows, inputs, generator=gen)
+    return x, [(packed4, scales, scales), (packed8, row_scales, None)]
+
+
+def test_a_rows_result_does_not_depend_on_its_batch(kernel):
+    """9 rows unpack each 4-bit weight row to a byte a code first; 1 to 4 rows read the
+    packed codes: the same bits either way (all below the AMX tiles' rows)."""
+    x, weights = batch_case(9)
+    assert kernel.tile_rows == 0 or kernel.tile_rows > 9
+    for args in weights:
         whole = kernel(x, *args)
-        for first, last in ((0, 1), (3, 4), (2, 9), (5, 11)):
+        for first, last in ((0, 1), (3, 4), (2, 9), (5, 9)):
             assert torch.equal(kernel(x[first:last].contiguous(), *args), whole[first:last])
 
 
@@ -185,3 +192,75 @@ def test_the_layout_round_trips(bits, inputs):
     assert torch.equal(unpack(packed, inputs, bits), codes.int())
     with pytest.raises(ValueError, match="multiple of 64"):
         pack(codes[:, :32], bits)
+
+
+@pytest.fixture
+def tiles() -> QuantMatmul:
+    """The process's kernel (the native build) where this CPU has AMX, tiles on again after
+    the test (only that build has them)."""
+    quant_matmul.enable()
+    kernel = quant_matmul.kernel()
+    if kernel is None or kernel.use_tiles(True) == 0:
+        pytest.skip("no AMX tiles on this CPU (or no kernel)")
+    yield kernel
+    kernel.use_tiles(True)
+
+
+def tile_reference(x, codes, scales, offsets, bits) -> torch.Tensor:
+    """What the tiles multiply: each weight as float32 (code * scale + offset, one rounding)
+    then bfloat16, the input as bfloat16; the sums in float64."""
+    if bits == 4:
+        s = scales.double().repeat_interleave(BLOCK, 1)
+        o = -8 * s if offsets is None else offsets.double().repeat_interleave(BLOCK, 1)
+        weights = codes.double() * s + o
+    else:
+        weights = codes.double() * scales.double()[:, None] - 128 * scales.double()[:, None]
+    rounded = weights.float().bfloat16().double()
+    return x.bfloat16().double() @ rounded.T
+
+
+@pytest.mark.parametrize("rows", [10, 17, 40, 70])
+@pytest.mark.parametrize(("outputs", "inputs"), [(33, 576), (40, 1600), (16, 2048)])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_many_rows_on_amx_tiles(tiles, rows, outputs, inputs, bits):
+    """10 rows and more: the weights dequantized to bfloat16, the input rounded to it, sums
+    in float32 (70 rows: two passes of four 16-row groups); short windows and 16 outputs."""
+    gen = torch.Generator().manual_seed(rows * inputs + bits)
+    codes = torch.randint(0, 16 if bits == 4 else 256, (outputs, inputs), generator=gen)
+    if bits == 4:
+        scales = (torch.rand(outputs, inputs // 32, generator=gen) / 50).half()
+        offsets = (
+            (torch.randn(outputs, inputs // 32, generator=gen) / 20).half() if rows % 2 else None
+        )
+    else:
+        scales, offsets = torch.rand(outputs, generator=gen) / 100, None
+    x = torch.randn(rows, inputs, generator=gen)
+    out = tiles(x, pack(codes, bits), scales, offsets)
+    expected = tile_reference(x, codes, scales, offsets, bits)
+    error = ((out.double() - expected).abs() / expected.abs().amax(1, keepdim=True)).max().item()
+    assert error < 1e-5, error
+    integer = reference(x, codes, scales, offsets, bits)  # the VNNI path's sums: near, not equal
+    assert ((out.double() - integer).abs() / integer.abs().amax(1, keepdim=True)).max() < 5e-2
+
+
+def test_a_rows_result_on_tiles_does_not_depend_on_its_batch(tiles):
+    x, weights = batch_case(40)
+    for args in weights:
+        whole = tiles(x, *args)
+        for first, last in ((0, 10), (13, 40), (20, 37)):
+            assert torch.equal(tiles(x[first:last].contiguous(), *args), whole[first:last])
+        tiles.use_tiles(False)  # every call on VNNI: the integer path's bits again
+        rows = torch.cat([tiles(x[i : i + 1].contiguous(), *args) for i in range(40)])
+        assert torch.equal(tiles(x, *args), rows) and not torch.equal(whole, rows)
+        assert tiles.use_tiles(True) == tiles.tile_rows > 0
+
+
+def test_bfloat16_rows_on_amx_tiles(tiles):
+    gen = torch.Generator().manual_seed(5)
+    codes = torch.randint(0, 16, (40, 1024), generator=gen)
+    scales = (torch.rand(40, 32, generator=gen) / 50).half()
+    x = torch.randn(24, 1024, generator=gen).bfloat16()
+    out = tiles(x, pack(codes, 4), scales, None)
+    assert out.dtype == torch.bfloat16
+    expected = tile_reference(x.float(), codes, scales, None, 4)
+    assert ((out.double() - expected).abs() <= expected.abs() * 2**-8 + 1e-6).all()

@@ -18,7 +18,14 @@ from kvserve.model.checkpoint.gguf_file import open_gguf
 from kvserve.model.checkpoint.gguf_weights import tensor_shape, unpermute_rows
 from kvserve.model.cpu_kernels import quant_matmul
 from kvserve.model.quant.gguf_blocks import int4_blocks, int4_linear, keeps_blocks
-from kvserve.model.quant.quant_linear import DENSE_ROWS, Int4Linear, Int8Linear, fits
+from kvserve.model.quant.quant_linear import (
+    DENSE_ROWS,
+    DENSE_ROWS_ON_TILES,
+    Int4Linear,
+    Int8Linear,
+    dense_rows,
+    fits,
+)
 from kvserve.model.quant.quantize import check_quantization
 from tests.model.gguf_files import encode
 from tests.model.smollm2 import PATH as SMOLLM2
@@ -91,10 +98,23 @@ def test_packing_refuses_widths_the_kernel_cannot_run():
             quantize(torch.randn(16, 200), None)
 
 
+@pytest.fixture
+def integer_kernel():
+    """The kernel with its AMX tiles off, as on a CPU without AMX (restored after)."""
+    quant_matmul.enable()
+    kernel = quant_matmul.kernel()
+    assert kernel is not None
+    tiles = kernel.tile_rows
+    kernel.use_tiles(False)
+    yield kernel
+    kernel.use_tiles(tiles > 0)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_many_rows_multiply_the_dequantized_weights(dtype):
+def test_many_rows_multiply_the_dequantized_weights(dtype, integer_kernel):
     """From DENSE_ROWS rows the input keeps its float values: the dtype's own matmul by the
     same weights (columns in the packed order, the sums in another order: float rounding)."""
+    assert dense_rows(dtype) == DENSE_ROWS[dtype]
     linear = random_linear(40, 576)
     rows = DENSE_ROWS[dtype]
     x = torch.randn(rows + 3, 576).to(dtype)
@@ -116,6 +136,28 @@ def test_many_rows_multiply_the_dequantized_weights(dtype):
             <= activation_bound(x[: rows - 1].float(), packed.dequantized()) * 1.01
             + 2**-6 * expected.abs().max()
         ).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_on_amx_tiles_in_a_layer(dtype):
+    """Where the CPU has AMX, a layer's calls of the kernel's tile_rows rows or more run on
+    its tiles (bfloat16 products) up to the tiles' dense rows; fewer rows stay on VNNI."""
+    quant_matmul.enable()
+    kernel = quant_matmul.kernel()
+    if kernel is None or kernel.tile_rows == 0:
+        pytest.skip("no AMX tiles on this CPU")
+    assert dense_rows(dtype) == DENSE_ROWS_ON_TILES[dtype] > DENSE_ROWS[dtype]
+    packed = Int4Linear.quantize(random_linear(40, 576).weight, None)
+    x = torch.randn(kernel.tile_rows + 6, 576).to(dtype)
+    weights = packed.dequantized().bfloat16().double()
+    expected = x.bfloat16().double() @ weights.T
+    with torch.inference_mode():
+        many, few = packed(x), packed(x[: kernel.tile_rows - 1])
+    scale = expected.abs().amax(1, keepdim=True)
+    assert ((many.double() - expected).abs() / scale).max() < (
+        1e-5 if dtype == torch.float32 else 2**-7
+    )
+    assert not torch.equal(few, many[: kernel.tile_rows - 1])  # VNNI's int8 activations
 
 
 def test_without_the_kernel_a_layer_dequantizes_the_same_weights(monkeypatch):

@@ -37,6 +37,7 @@ import pytest
 import torch
 
 from kvserve import LLM, SamplingParams
+from kvserve.model.cpu_kernels import quant_matmul
 from kvserve.model.quant import quant_linear
 from kvserve.model.quant.quant_linear import Int4Linear, Int8Linear
 from kvserve.model.quant.quantize import quantize_model
@@ -108,12 +109,21 @@ def assert_accuracy(mode, logits, reference, text_ids):
 
 
 def both_paths(runner, text_ids: list[int]) -> list[torch.Tensor]:
-    """The text's logits through the prefill path, then with every row on the integer kernel
-    (the rows of a decode step), which must round differently."""
+    """The text's logits through the prefill path (AMX tiles where the CPU has them, else
+    the dense matmul), then with every row on the integer kernel (the rows of a decode
+    step), which must round differently."""
     prefill = teacher_forced_logits(runner, text_ids, runner.model)
+    kernel = quant_matmul.kernel()
+    assert kernel is not None
+    tiles, never = kernel.tile_rows, {torch.bfloat16: 10**9, torch.float32: 10**9}
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(quant_linear, "DENSE_ROWS", {torch.bfloat16: 10**9, torch.float32: 10**9})
-        integer = teacher_forced_logits(runner, text_ids, runner.model)
+        patch.setattr(quant_linear, "DENSE_ROWS", never)
+        patch.setattr(quant_linear, "DENSE_ROWS_ON_TILES", never)
+        kernel.use_tiles(False)
+        try:
+            integer = teacher_forced_logits(runner, text_ids, runner.model)
+        finally:
+            kernel.use_tiles(tiles > 0)
     assert not torch.equal(prefill, integer)
     return [prefill, integer]
 
