@@ -18,9 +18,10 @@ from tests.model.moe_checkpoints import MOE_ARCHS, saved_moe_checkpoint
 FUZZ_ARCHS = [*ARCHS, *HYBRID_ARCHS, *DENSE_ARCHS, *MOE_ARCHS]
 QUANTIZED_ARCHS = {"llama-int4": ("llama", "int4"), "qwen2-int8": ("qwen2", "int8")}
 """A fuzzed name -> (the checkpoint, the engine's `quantization`); not in FUZZ_ARCHS (the
-suite's campaigns): a packed layer is batch-invariant only below its dense threshold
-(kvserve.model.quant.quant_linear.DENSE_ROWS: from there it multiplies float activations,
-not int8 ones), and its int8 activations turn another float32 order's last bits (a chunk,
+suite's campaigns): a packed layer is batch-invariant only below its first threshold
+(the kernel's AMX tile_rows where the CPU has AMX, else kvserve.model.quant.quant_linear's
+DENSE_ROWS: from there it multiplies bfloat16 or float activations, not int8 ones), and
+its int8 activations turn another float32 order's last bits (a chunk,
 a cached prefix) into logprob moves of up to ~0.1 on the tiny checkpoints, so a busy run
 and a lone one differ by more than rounding without a cache fault. `benchmarks/fuzz.py
 --archs llama-int4,qwen2-int8` runs them."""
