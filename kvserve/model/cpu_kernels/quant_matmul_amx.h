@@ -22,6 +22,8 @@
 #define AMX_ROWS 10 /* input rows from which a call runs on tiles (8: as fast as VNNI) */
 #define PANEL 16    /* rows of a tile: weight rows of a panel, input rows of a group */
 #define STEP 32     /* columns a tile instruction sums (bfloat16 pairs of a 64-byte row) */
+#define CHUNK_GROUPS 8 /* input groups a weight panel meets before the next panel: their
+                          bfloat16 rows stay in L2 (more than 128 rows dequantize again) */
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
 
@@ -179,21 +181,22 @@ static void bf16_window(const uint8_t *row, int bits, const void *s, const void 
  * it is in L1; passes after it (more than 64 input rows) read the panel again. */
 static void panel_rows(const uint8_t *codes, int bits, const void *scales, const void *offsets,
                        int f16, const uint16_t *in, int64_t M, int64_t N, int64_t K, int64_t n0,
-                       int64_t rows, void *out, int out_bf16, uint16_t *panel) {
-    const int64_t groups = (M + PANEL - 1) / PANEL, steps = K / STEP, blocks = K / BLOCK;
+                       int64_t rows, int64_t first, int64_t groups, void *out, int out_bf16,
+                       uint16_t *panel) {
+    const int64_t steps = K / STEP, blocks = K / BLOCK;
     const int64_t row_bytes = bits == 4 ? K / 2 : K;
     const int64_t row_scales = bits == 4 ? blocks * (f16 ? 2 : 4) : 4;
     float sums[4][PANEL * PANEL] __attribute__((aligned(64)));
     for (int64_t s = 0; rows < PANEL && s < steps; s++) /* rows past the last: zeros */
         memset(panel + (s * PANEL + rows) * STEP, 0, (size_t)((PANEL - rows) * STEP) * 2);
-    for (int64_t g0 = 0; g0 < groups; g0 += 4) {
+    for (int64_t g0 = first; g0 < groups; g0 += 4) {
         const int64_t n = groups - g0 < 4 ? groups - g0 : 4;
         _tile_zero(0);
         _tile_zero(1);
         _tile_zero(2);
         _tile_zero(3);
         for (int64_t w = 0; w * WINDOW < blocks; w++) {
-            for (int64_t r = 0; g0 == 0 && r < rows; r++) {
+            for (int64_t r = 0; g0 == first && r < rows; r++) {
                 const int64_t at = n0 + r;
                 const void *o = offsets && bits == 4 ? (const char *)offsets + at * row_scales
                                                      : NULL;
@@ -235,19 +238,23 @@ static int tile_matmul(const void *x, int x_bf16, const uint8_t *codes, int bits
                        int64_t K, void *out, int threads) {
     uint16_t *in = tile_input(x, x_bf16, M, K, threads);
     if (in == NULL) return -2;
+    const int64_t groups = (M + PANEL - 1) / PANEL;
     int failed = 0;
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
         uint16_t *panel = aligned_alloc(64, (size_t)(K * PANEL * 2));
         if (panel != NULL) configure_tiles();
+        for (int64_t first = 0; first < groups; first += CHUNK_GROUPS) {
+            const int64_t last = groups - first < CHUNK_GROUPS ? groups : first + CHUNK_GROUPS;
 #pragma omp for schedule(static)
-        for (int64_t n0 = 0; n0 < N; n0 += PANEL) {
-            if (panel != NULL)
-                panel_rows(codes, bits, scales, offsets, f16, in, M, N, K, n0,
-                           N - n0 < PANEL ? N - n0 : PANEL, out, x_bf16, panel);
-            else
+            for (int64_t n0 = 0; n0 < N; n0 += PANEL) {
+                if (panel != NULL)
+                    panel_rows(codes, bits, scales, offsets, f16, in, M, N, K, n0,
+                               N - n0 < PANEL ? N - n0 : PANEL, first, last, out, x_bf16, panel);
+                else
 #pragma omp atomic write
-                failed = 1;
+                    failed = 1;
+            }
         }
         if (panel != NULL) _tile_release();
         free(panel);

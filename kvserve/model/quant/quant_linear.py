@@ -52,10 +52,11 @@ where present) on the input's columns in that order: the integer kernel is bound
 multiply-adds there, a float matmul library far less. Measured on the default model's
 layers (docs/quantization.md): 1,000 rows in bfloat16 take 0.3x the integer kernel's
 time, in float32 0.7x; the crossings are near these counts."""
-DENSE_ROWS_ON_TILES = {torch.bfloat16: 512, torch.float32: 1 << 62}
+DENSE_ROWS_ON_TILES = {torch.bfloat16: 2048, torch.float32: 1 << 62}
 """The same where the kernel runs many rows on AMX tiles (its tile_rows): a 1B model's
-layers took 0.23-0.5x the dense path's time up to 512 rows in bfloat16 (1,024: 1.4x) and
-0.13-0.43x at every count measured in float32 (the dense float32 matmul has no tiles)."""
+layers took 0.24-0.87x the dense path's time up to 1,024 rows in bfloat16 (2,048: 1.0x)
+and 0.11-0.32x at every count measured in float32 (the dense float32 matmul has no
+tiles)."""
 
 
 def dense_rows(dtype: torch.dtype) -> int:

@@ -219,12 +219,13 @@ def tile_reference(x, codes, scales, offsets, bits) -> torch.Tensor:
     return x.bfloat16().double() @ rounded.T
 
 
-@pytest.mark.parametrize("rows", [10, 17, 40, 70])
+@pytest.mark.parametrize("rows", [10, 17, 40, 70, 150])
 @pytest.mark.parametrize(("outputs", "inputs"), [(33, 576), (40, 1600), (16, 2048)])
 @pytest.mark.parametrize("bits", [4, 8])
 def test_many_rows_on_amx_tiles(tiles, rows, outputs, inputs, bits):
     """10 rows and more: the weights dequantized to bfloat16, the input rounded to it, sums
-    in float32 (70 rows: two passes of four 16-row groups); short windows and 16 outputs."""
+    in float32 (70 rows: two passes of four 16-row groups; 150: two chunks of 128 rows, the
+    weights dequantized again); short windows and 16 outputs."""
     gen = torch.Generator().manual_seed(rows * inputs + bits)
     codes = torch.randint(0, 16 if bits == 4 else 256, (outputs, inputs), generator=gen)
     if bits == 4:
