@@ -68,6 +68,46 @@ static inline __m512 exp16(__m512 x) {
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__) && defined(__AVX512BW__)
 #define KEYS 16
+#define PAIR_KEYS 32 /* keys the values' layout pairs, padded to (a tile instruction's) */
+
+/* The keys and values of every kv head laid out for the dot products, once a call (all of a
+ * head's items read them; the AMX tiles' operands too): per kv head, keys [width / 16][dim / 2][16] (per 16 keys, pairs of
+ * dimensions) and values [width / 2][dim] (pairs of keys, per dimension); zeros past the
+ * context. */
+static void tile_keys_values(const uint16_t *k, int64_t k_stride, const uint16_t *v,
+                             int64_t v_stride, const int64_t *slots, int context, int kv_heads,
+                             int dim, int width, uint32_t *keys, uint32_t *values) {
+    const int pairs = dim / 2;
+#pragma omp for schedule(static)
+    for (int item = 0; item < kv_heads * (width / PAIR_KEYS); item++) {
+        const int h = item % kv_heads, j0 = item / kv_heads * PAIR_KEYS;
+        uint32_t *kh = keys + (size_t)h * width * pairs, *vh = values + (size_t)h * width / 2 * dim;
+        for (int j = j0; j < j0 + PAIR_KEYS; j++) {
+            const uint32_t *kr = j < context ? (const uint32_t *)(k + key_row(slots, j) * k_stride + (int64_t)h * dim) : NULL;
+            const uint16_t *vr = j < context ? v + key_row(slots, j) * v_stride + (int64_t)h * dim : NULL;
+            uint32_t *kt = kh + (size_t)(j / 16) * pairs * 16 + j % 16;
+            for (int p = 0; p < pairs; p++) kt[p * 16] = kr ? kr[p] : 0;
+            uint16_t *vt = (uint16_t *)(vh + (size_t)(j / 2) * dim) + j % 2;
+            for (int d = 0; d < dim; d++) vt[2 * d] = vr ? vr[d] : 0;
+        }
+    }
+}
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#define PREFILL_AMX 1
+#include "prefill_attention_amx.h"
+#endif
+
+/* on 1: bfloat16 prefills on AMX tiles where the CPU has them (asked once a process;
+ * KVSERVE_AMX=0 keeps them off, attention.py), 0: on AVX-512 BF16. Returns whether tiles run. */
+int attention_tiles(int on) {
+#if PREFILL_AMX
+    amx_state = on ? 0 : -1;
+    return on && amx_granted();
+#else
+    return on * 0;
+#endif
+}
 
 /* causal attention of one sequence's `len` new queries, at positions context - len ..
  * context - 1, over its keys 0 .. context - 1: a fresh prefill's own rows (slots NULL, the
@@ -81,16 +121,27 @@ int prefill_attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *
                            int64_t k_stride, const uint16_t *v, int64_t v_stride,
                            const int64_t *slots, int context, uint16_t *out, int len,
                            int heads, int kv_heads, int dim, float scale, int num_threads) {
+#if PREFILL_AMX
+    if (amx_granted())
+        return prefill_attention_amx(q, q_stride, k, k_stride, v, v_stride, slots, context, out,
+                                     len, heads, kv_heads, dim, scale, num_threads);
+#endif
     int group = prefill_group(heads, kv_heads, dim, slots, context, len);
     if (group < 0) return -1;
+    if (len == 0) return 0;
     int start = context - len; /* query row i is position start + i */
     int blocks = (len + QROWS - 1) / QROWS;
     int pairs = dim / 2, chunks = dim / 16;
-    int width = (context + KEYS - 1) / KEYS * KEYS; /* keys, padded to whole tiles */
+    int width = (context + PAIR_KEYS - 1) / PAIR_KEYS * PAIR_KEYS; /* keys, padded */
+    uint32_t *keys = aligned_alloc(64, (size_t)kv_heads * width * dim * 2);
+    uint32_t *values = aligned_alloc(64, (size_t)kv_heads * width * dim * 2);
+    if (keys == NULL || values == NULL) return free(keys), free(values), -1;
     int failed = 0;
 #pragma omp parallel num_threads(num_threads)
     {
         FLUSH_SUBNORMALS;
+        tile_keys_values(k, k_stride, v, v_stride, slots, context, kv_heads, dim, width, keys,
+                         values);
         float *scores = (float *)malloc(sizeof(float) * MAX_GROUP * QROWS * (size_t)(width > 0 ? width : 1));
         if (scores == NULL) {
 #pragma omp atomic write
@@ -102,16 +153,13 @@ int prefill_attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *
             int h = item % kv_heads, qb = blocks - 1 - item / kv_heads; /* longest first */
             int r0 = qb * QROWS, rows = len - r0 < QROWS ? len - r0 : QROWS;
             int last_key = start + r0 + rows;
-            uint32_t kt[MAX_DIM / 2][KEYS] __attribute__((aligned(64)));
-            uint32_t vt[KEYS / 2][MAX_DIM] __attribute__((aligned(64)));
+            const uint32_t *kh = keys + (size_t)h * width * pairs;
+            const uint32_t *vh = values + (size_t)h * width / 2 * dim;
             __m512 vmax[MAX_GROUP * QROWS], vsum[MAX_GROUP * QROWS];
             for (int st = 0; st < group * rows; st++) vmax[st] = _mm512_set1_ps(-FLT_MAX);
             for (int k0 = 0; k0 < last_key; k0 += KEYS) {
                 int nk = last_key - k0 < KEYS ? last_key - k0 : KEYS;
-                for (int j = 0; j < KEYS; j++) {
-                    const uint32_t *row = (const uint32_t *)(k + key_row(slots, k0 + (j < nk ? j : 0)) * k_stride + (int64_t)h * dim);
-                    for (int p = 0; p < pairs; p++) kt[p][j] = j < nk ? row[p] : 0;
-                }
+                const uint32_t(*kt)[KEYS] = (const uint32_t(*)[KEYS])(kh + (size_t)(k0 / KEYS) * pairs * KEYS);
                 for (int g = 0; g < group; g++)
                     for (int i = 0; i < rows; i++) {
                         int row = start + r0 + i, st = g * rows + i;
@@ -141,13 +189,7 @@ int prefill_attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *
             }
             for (int k0 = 0; k0 < last_key; k0 += KEYS) {
                 int nk = last_key - k0 < KEYS ? last_key - k0 : KEYS;
-                for (int jj = 0; jj < KEYS / 2; jj++) {
-                    int a = 2 * jj, b = 2 * jj + 1;
-                    const uint16_t *va = v + key_row(slots, k0 + (a < nk ? a : 0)) * v_stride + (int64_t)h * dim;
-                    const uint16_t *vb = v + key_row(slots, k0 + (b < nk ? b : 0)) * v_stride + (int64_t)h * dim;
-                    for (int d = 0; d < dim; d++)
-                        vt[jj][d] = (uint32_t)(a < nk ? va[d] : 0) | ((uint32_t)(b < nk ? vb[d] : 0) << 16);
-                }
+                const uint32_t *vt = vh + (size_t)(k0 / 2) * dim; /* a pair of keys a row */
                 for (int g = 0; g < group; g++)
                     for (int i = 0; i < rows; i++) {
                         int row = start + r0 + i, st = g * rows + i;
@@ -162,12 +204,12 @@ int prefill_attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *
                         __m512 a0 = acc[st][0], a1 = acc[st][1], a2 = acc[st][2], a3 = acc[st][3];
                         for (int jj = 0; jj < (visible + 1) / 2; jj++) {
                             __m512bh pj = (__m512bh)_mm512_set1_epi32((int)pw[jj]);
-                            a0 = _mm512_dpbf16_ps(a0, pj, (__m512bh)_mm512_load_si512(&vt[jj][0]));
-                            a1 = _mm512_dpbf16_ps(a1, pj, (__m512bh)_mm512_load_si512(&vt[jj][16]));
-                            a2 = _mm512_dpbf16_ps(a2, pj, (__m512bh)_mm512_load_si512(&vt[jj][32]));
-                            a3 = _mm512_dpbf16_ps(a3, pj, (__m512bh)_mm512_load_si512(&vt[jj][48]));
+                            a0 = _mm512_dpbf16_ps(a0, pj, (__m512bh)_mm512_load_si512(vt + jj * dim + 0));
+                            a1 = _mm512_dpbf16_ps(a1, pj, (__m512bh)_mm512_load_si512(vt + jj * dim + 16));
+                            a2 = _mm512_dpbf16_ps(a2, pj, (__m512bh)_mm512_load_si512(vt + jj * dim + 32));
+                            a3 = _mm512_dpbf16_ps(a3, pj, (__m512bh)_mm512_load_si512(vt + jj * dim + 48));
                             for (int c = 4; c < chunks; c++)
-                                acc[st][c] = _mm512_dpbf16_ps(acc[st][c], pj, (__m512bh)_mm512_load_si512(&vt[jj][c * 16]));
+                                acc[st][c] = _mm512_dpbf16_ps(acc[st][c], pj, (__m512bh)_mm512_load_si512(vt + jj * dim + c * 16));
                         }
                         acc[st][0] = a0, acc[st][1] = a1, acc[st][2] = a2, acc[st][3] = a3;
                     }
@@ -185,9 +227,12 @@ int prefill_attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *
         free(scores);
         RESTORE_SUBNORMALS;
     }
+    free(keys), free(values);
     return failed ? -1 : 0;
 }
 #else
+int attention_tiles(int on) { return on * 0; } /* no bfloat16 prefill kernel here */
+
 /* Without AVX-512 BF16 the caller keeps SDPA's flash kernel. */
 int prefill_attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *k,
                            int64_t k_stride, const uint16_t *v, int64_t v_stride,

@@ -33,11 +33,13 @@ keeps gather + SDPA.
 from __future__ import annotations
 
 import ctypes
+import os
 from pathlib import Path
 
 import torch
 
 from kvserve.model.cpu_kernels.build import (
+    AMX_ENV,
     FLOAT,
     INT,
     INT64,
@@ -68,11 +70,20 @@ class AttentionKernel:
             torch.bfloat16: function(library, "prefill_attention_bf16", *prefill_args),
             torch.float32: function(library, "prefill_attention_f32", *prefill_args),
         }
+        self._tiles = function(library, "attention_tiles", _I, _I)
+        self.tiles = self.use_tiles(os.environ.get(AMX_ENV, "1") != "0")
+        """Whether bfloat16 prefills run on AMX tiles (prefill_attention_amx.h)."""
         probe = (None, 0, None, 0, None, 0, None, 0, None, 0, 1, 1, 64, 1.0, 1)
         self.prefill_dtypes = frozenset(t for t, fn in self._prefill.items() if fn(*probe) == 0)
         """The dtypes whose prefill this machine's build computes (bfloat16: AVX-512 with
         bfloat16 dot products; float32: AVX-512 or AVX2 with FMA); SDPA's flash kernel runs
         the others."""
+
+    def use_tiles(self, on: bool) -> bool:
+        """bfloat16 prefills on AMX tiles (where the CPU has them) or on AVX-512 BF16 (tests,
+        benchmarks): the new `tiles`."""
+        self.tiles = bool(self._tiles(int(on)))
+        return self.tiles
 
     def decode_address(self, dtype: torch.dtype) -> int:
         """The C address of the decode kernel for `dtype` (decode_layers.c calls it)."""

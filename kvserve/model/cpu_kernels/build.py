@@ -110,6 +110,10 @@ def _key(source: bytes, compiler: str, flags: tuple[str, ...]) -> str:
     return digest.hexdigest()[:16]
 
 
+AMX_ENV = "KVSERVE_AMX"
+"""`0` keeps every kernel off AMX tiles on a CPU that has them (quant_matmul_amx.h,
+prefill_attention_amx.h): the AVX-512 paths run instead."""
+
 CFLAGS_ENV = "KVSERVE_KERNEL_CFLAGS"
 """Compile flags added after FLAGS (part of the cache key): `-mno-avx512f` builds the kernels
 as for a CPU without AVX-512, with KVSERVE_CPU_FEATURES=avx2 and torch's own caps

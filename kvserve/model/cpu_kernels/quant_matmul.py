@@ -34,6 +34,7 @@ import torch
 import torch.autograd.profiler as profiler
 
 from kvserve.model.cpu_kernels.build import (
+    AMX_ENV,
     INT,
     INT64,
     POINTER,
@@ -45,8 +46,6 @@ from kvserve.model.cpu_kernels.build import (
 )
 
 SOURCE = Path(__file__).with_name("quant_matmul.c")
-AMX_ENV = "KVSERVE_AMX"
-"""`0` keeps every call off AMX tiles (quant_matmul_amx.h), on a CPU that has them."""
 DEQUANTIZE_SOURCE = Path(__file__).with_name("quant_dequantize.c")
 
 _P, _I, _L = POINTER, INT, INT64

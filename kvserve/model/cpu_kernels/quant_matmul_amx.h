@@ -14,9 +14,7 @@
  *
  * Linux hands out the tiles' state only on request (arch_prctl): where that fails, the calls
  * stay on AVX-512 VNNI. */
-#include <sys/syscall.h>
-#include <unistd.h>
-
+#include "amx_tiles.h"
 #include "quant_dequantize.h"
 
 #define AMX_ROWS 10 /* input rows from which a call runs on tiles (8: as fast as VNNI) */
@@ -24,39 +22,12 @@
 #define STEP 32     /* columns a tile instruction sums (bfloat16 pairs of a 64-byte row) */
 #define CHUNK_GROUPS 8 /* input groups a weight panel meets before the next panel: their
                           bfloat16 rows stay in L2 (more than 128 rows dequantize again) */
-#define ARCH_REQ_XCOMP_PERM 0x1023
-#define XFEATURE_XTILEDATA 18
-
-static int amx_state = 0; /* 0 not asked yet, 1 granted, -1 refused or switched off */
-
-static int amx_granted(void) {
-    if (amx_state == 0)
-        amx_state = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 ? 1 : -1;
-    return amx_state > 0;
-}
 
 /* on 1: ask for the tiles (once a process; KVSERVE_AMX=0 keeps them off, quant_matmul.py),
  * 0: every call on AVX-512 VNNI. Returns the input rows from which calls run on tiles, or 0. */
 int quant_matmul_tiles(int on) {
     amx_state = on ? 0 : -1;
     return on && amx_granted() ? AMX_ROWS : 0;
-}
-
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} TileConfig;
-
-/* Tiles 0-3: the float32 sums of 16 weight rows x 16 input rows, for up to four groups of
- * input rows. Tile 4: 16 weight rows x 32 columns. Tiles 5-7: 32 columns of 16 input rows as
- * tdpbf16ps takes them (row i: columns 2i and 2i + 1 of each input row). */
-static void configure_tiles(void) {
-    TileConfig c;
-    memset(&c, 0, sizeof c);
-    c.palette = 1;
-    for (int t = 0; t < 8; t++) c.rows[t] = PANEL, c.colsb[t] = 64;
-    _tile_loadconfig(&c);
 }
 
 /* The input in the packed column order (quant_dequantize.h's), bfloat16, as tiles 5-7 take

@@ -154,12 +154,24 @@ def causal_reference(q, k, v, scale, rounded=True):
     return torch.einsum("hts,shd->thd", weights / total, values)
 
 
-@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (2, 2, 128)])
-def test_a_fresh_prefill_at_every_length_through_the_tiles(attention_kernel, heads, kv_heads, dim):
-    """Every length from 1 to 70 (query and key tiles of 16: full, partial, single) and
-    300, read out of a fused qkv row (strided views), written into a slice of a batch."""
+@pytest.fixture(params=["avx512", "amx"])
+def prefill_kernel(request, attention_kernel):
+    """The bfloat16 prefill on AVX-512 BF16's loops, then on AMX tiles where the CPU has
+    them (prefill_attention_amx.h; tiles back on after)."""
     if not attention_kernel.can_prefill:
         pytest.skip("this machine's build has no prefill kernel (AVX-512 bfloat16)")
+    on = attention_kernel.use_tiles(request.param == "amx")
+    if request.param == "amx" and not on:
+        pytest.skip("no AMX tiles here")
+    yield attention_kernel
+    attention_kernel.use_tiles(True)
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (2, 2, 128)])
+def test_a_fresh_prefill_at_every_length_through_the_tiles(prefill_kernel, heads, kv_heads, dim):
+    """Every length from 1 to 70 (query and key tiles of 16: full, partial, single) and
+    300, read out of a fused qkv row (strided views), written into a slice of a batch."""
+    attention_kernel = prefill_kernel
     gen = torch.Generator().manual_seed(dim)
     for length in [*range(1, 71), 300]:
         qkv = torch.randn(length, heads + 2 * kv_heads, dim, generator=gen).to(BF16)
@@ -173,11 +185,10 @@ def test_a_fresh_prefill_at_every_length_through_the_tiles(attention_kernel, hea
         attention_kernel.prefill(q, k, v, batch[:, :1], dim**-0.5)
 
 
-def test_a_prefill_after_a_cached_prefix_reads_its_keys_in_place(attention_kernel):
+def test_a_prefill_after_a_cached_prefix_reads_its_keys_in_place(prefill_kernel):
     """Queries at the last positions of contexts of every length 1..50 (and 300 after
     200 cached), their keys scattered over a flat cache through their slots."""
-    if not attention_kernel.can_prefill:
-        pytest.skip("this machine's build has no prefill kernel (AVX-512 bfloat16)")
+    attention_kernel = prefill_kernel
     heads, kv_heads, dim = 9, 3, 64
     k_flat, v_flat, gen = scattered_cache(4096, kv_heads, dim, seed=5)
     cases = [(context, new) for context in range(1, 51) for new in {1, context // 2 + 1, context}]
@@ -190,3 +201,23 @@ def test_a_prefill_after_a_cached_prefix_reads_its_keys_in_place(attention_kerne
         assert_bfloat16_close(out, expected, atol=4e-3)  # one output of 0.004 was 0.006
     with pytest.raises(RuntimeError, match="refused 5 queries over 4 keys"):
         attention_kernel.prefill(q[:5], k_flat, v_flat, out[:5], dim**-0.5, slots[:4])
+
+
+def test_a_rows_prefill_does_not_depend_on_the_rows_before_it(prefill_kernel):
+    """A prompt's last 37 rows after its first 63 were cached, and in 3 chunks, get the
+    bits of the whole prompt's prefill, on either path; the two paths agree to rounding."""
+    heads, kv_heads, dim, length = 9, 3, 64, 100
+    k_flat, v_flat, gen = scattered_cache(4096, kv_heads, dim, seed=9)
+    slots = torch.randperm(4095, generator=gen)[:length] + 1
+    q = torch.randn(length, heads, dim, generator=gen).to(BF16)
+    whole = torch.empty(length, heads, dim, dtype=BF16)
+    prefill_kernel.prefill(q, k_flat, v_flat, whole, dim**-0.5, slots)
+    for first, last in ((63, 100), (0, 17), (17, 50), (50, 100)):
+        part = torch.empty(last - first, heads, dim, dtype=BF16)
+        prefill_kernel.prefill(q[first:last], k_flat, v_flat, part, dim**-0.5, slots[:last])
+        assert torch.equal(part, whole[first:last])
+    other = torch.empty_like(whole)
+    prefill_kernel.use_tiles(not prefill_kernel.tiles)  # the other path, where there is one
+    prefill_kernel.prefill(q, k_flat, v_flat, other, dim**-0.5, slots)
+    expected = causal_reference(q, k_flat[slots], v_flat[slots], dim**-0.5)
+    assert_bfloat16_close(other, expected, atol=4e-3)
