@@ -17,7 +17,9 @@ call). Files:
                     times the values): bfloat16 on AVX-512's bfloat16 dot products,
                     SDPA's roundings; float32 in prefill_attention_f32.h. Decode and
                     the float32 prefill run on simd_f32.h's vectors (AVX-512, or AVX2
-                    with FMA at half the width)
+                    with FMA at half the width); prefill_attention_amx.h: the bfloat16
+                    prefill on AMX tiles where the CPU has them (amx_tiles.h: the tiles'
+                    permission and layout, shared with quant_matmul_amx.h)
     attention.py    their ctypes binding; with it on, a step's decodes are one group
                     in batch order (no padding read, no rows gathered)
     layer_ops.c, layer_ops.h, layer_ops.py  RMSNorm (with the residual add before
