@@ -93,6 +93,16 @@ static void tile_keys_values(const uint16_t *k, int64_t k_stride, const uint16_t
     }
 }
 
+/* tile_keys_values' buffers for every kv head; -1 (nothing held) when out of memory */
+static int keys_values_buffers(int kv_heads, int width, int dim, uint32_t **keys,
+                               uint32_t **values) {
+    *keys = aligned_alloc(64, (size_t)kv_heads * width * dim * 2);
+    *values = aligned_alloc(64, (size_t)kv_heads * width * dim * 2);
+    if (*keys != NULL && *values != NULL) return 0;
+    free(*keys), free(*values);
+    return -1;
+}
+
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
 #define PREFILL_AMX 1
 #include "prefill_attention_amx.h"
@@ -133,9 +143,8 @@ int prefill_attention_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *
     int blocks = (len + QROWS - 1) / QROWS;
     int pairs = dim / 2, chunks = dim / 16;
     int width = (context + PAIR_KEYS - 1) / PAIR_KEYS * PAIR_KEYS; /* keys, padded */
-    uint32_t *keys = aligned_alloc(64, (size_t)kv_heads * width * dim * 2);
-    uint32_t *values = aligned_alloc(64, (size_t)kv_heads * width * dim * 2);
-    if (keys == NULL || values == NULL) return free(keys), free(values), -1;
+    uint32_t *keys, *values;
+    if (keys_values_buffers(kv_heads, width, dim, &keys, &values) != 0) return -1;
     int failed = 0;
 #pragma omp parallel num_threads(num_threads)
     {

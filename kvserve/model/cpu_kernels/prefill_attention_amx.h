@@ -28,9 +28,8 @@ static int prefill_attention_amx(const uint16_t *q, int64_t q_stride, const uint
     if (len == 0) return 0;
     const int start = context - len, blocks = (len + QROWS - 1) / QROWS, pairs = dim / 2;
     const int width = (context + PAIR_KEYS - 1) / PAIR_KEYS * PAIR_KEYS; /* keys, padded */
-    uint32_t *keys = aligned_alloc(64, (size_t)kv_heads * width * dim * 2);
-    uint32_t *values = aligned_alloc(64, (size_t)kv_heads * width * dim * 2);
-    if (keys == NULL || values == NULL) return free(keys), free(values), -1;
+    uint32_t *keys, *values;
+    if (keys_values_buffers(kv_heads, width, dim, &keys, &values) != 0) return -1;
     int failed = 0;
 #pragma omp parallel num_threads(num_threads)
     {
