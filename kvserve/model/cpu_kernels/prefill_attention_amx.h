@@ -29,13 +29,12 @@ static int prefill_attention_amx(const uint16_t *q, int64_t q_stride, const uint
     const int start = context - len, blocks = (len + QROWS - 1) / QROWS, pairs = dim / 2;
     const int width = (context + PAIR_KEYS - 1) / PAIR_KEYS * PAIR_KEYS; /* keys, padded */
     uint32_t *keys, *values;
-    if (keys_values_buffers(kv_heads, width, dim, &keys, &values) != 0) return -1;
+    const int per_pass = keys_values_buffers(kv_heads, width, dim, &keys, &values);
+    if (per_pass < 0) return -1;
     int failed = 0;
 #pragma omp parallel num_threads(num_threads)
     {
         FLUSH_SUBNORMALS;
-        tile_keys_values(k, k_stride, v, v_stride, slots, context, kv_heads, dim, width, keys,
-                         values);
         AmxItem b;
         float *scores = malloc(sizeof(float) * MAX_GROUP * QROWS * (size_t)width);
         b.queries = aligned_alloc(64, (size_t)MAX_GROUP * QROWS * dim * 2);
@@ -46,89 +45,95 @@ static int prefill_attention_amx(const uint16_t *q, int64_t q_stride, const uint
 #pragma omp atomic write
             failed = 1;
         }
+        for (int h0 = 0; h0 < kv_heads; h0 += per_pass) { /* the kv heads whose keys fit */
+            const int n = kv_heads - h0 < per_pass ? kv_heads - h0 : per_pass;
+            tile_keys_values(k, k_stride, v, v_stride, slots, context, h0, n, dim, width, keys,
+                             values);
 #pragma omp for schedule(dynamic, 1)
-        for (int item = 0; item < kv_heads * blocks; item++) {
-            if (!ready) continue;
-            const int h = item % kv_heads, qb = blocks - 1 - item / kv_heads; /* longest first */
-            const int r0 = qb * QROWS, rows = len - r0 < QROWS ? len - r0 : QROWS;
-            const int last_key = start + r0 + rows;
-            b.keys = keys + (size_t)h * width * pairs, b.values = values + (size_t)h * width / 2 * dim;
-            memset(b.queries, 0, (size_t)group * QROWS * dim * 2);
-            for (int g = 0; g < group; g++)
-                for (int i = 0; i < rows; i++)
-                    memcpy(b.queries + ((size_t)g * QROWS + i) * dim,
-                           q + (int64_t)(r0 + i) * q_stride + (int64_t)(h * group + g) * dim, (size_t)dim * 2);
-            __m512 vmax[MAX_GROUP * QROWS], vsum[MAX_GROUP * QROWS];
-            for (int st = 0; st < group * QROWS; st++) vmax[st] = _mm512_set1_ps(-FLT_MAX);
-            for (int k0 = 0; k0 < last_key; k0 += 16) { /* the scores, a query head at a time */
-                const int nk = last_key - k0 < 16 ? last_key - k0 : 16;
-                for (int g = 0; g < group; g++) {
-                    float *sg = scores + (size_t)g * QROWS * width + k0;
-                    _tile_zero(0);
-                    for (int p0 = 0; p0 < pairs; p0 += 16) {
-                        _tile_loadd(4, b.queries + (size_t)g * QROWS * dim + 2 * p0, dim * 2);
-                        _tile_loadd(5, b.keys + ((size_t)(k0 / 16) * pairs + p0) * 16, 64);
-                        _tile_dpbf16ps(0, 4, 5);
-                    }
-                    _tile_stored(0, sg, width * 4);
-                    for (int i = 0; i < rows; i++) {
-                        const int row = start + r0 + i, st = g * QROWS + i;
-                        const int visible = row - k0 + 1 < nk ? (row - k0 + 1 > 0 ? row - k0 + 1 : 0) : nk;
-                        __m512 s = _mm512_mul_ps(_mm512_loadu_ps(sg + (size_t)i * width), _mm512_set1_ps(scale));
-                        s = _mm512_mask_blend_ps(first_lanes16(visible), _mm512_set1_ps(-FLT_MAX), s);
-                        _mm512_storeu_ps(sg + (size_t)i * width, s);
-                        vmax[st] = _mm512_max_ps(vmax[st], s);
-                    }
-                }
-            }
-            for (int g = 0; g < group; g++) { /* the weights, then times the values */
-                memset(b.weights, 0, (size_t)QROWS * width * 2);
-                for (int i = 0; i < rows; i++) {
-                    const int row = start + r0 + i, st = g * QROWS + i;
-                    const float top = _mm512_reduce_max_ps(vmax[st]);
-                    const float *sr = scores + ((size_t)g * QROWS + i) * width;
-                    vsum[st] = _mm512_setzero_ps();
-                    for (int k0 = 0; k0 <= row && k0 < last_key; k0 += 16) {
-                        const int nk = last_key - k0 < 16 ? last_key - k0 : 16;
-                        const int visible = row - k0 + 1 < nk ? row - k0 + 1 : nk;
-                        __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(sr + k0), _mm512_set1_ps(top)));
-                        e = _mm512_maskz_mov_ps(first_lanes16(visible), e);
-                        vsum[st] = _mm512_add_ps(vsum[st], e);
-                        _mm256_storeu_si256((__m256i *)(b.weights + (size_t)i * width + k0),
-                                            (__m256i)_mm512_cvtneps_pbh(e));
-                    }
-                }
-                for (int d0 = 0; d0 < dim; d0 += 64) {
-                    _tile_zero(0);
-                    _tile_zero(1);
-                    _tile_zero(2);
-                    _tile_zero(3);
-                    for (int k0 = 0; k0 < last_key; k0 += PAIR_KEYS) {
-                        const uint32_t *vt = b.values + (size_t)(k0 / 2) * dim + d0;
-                        _tile_loadd(4, b.weights + k0, width * 2);
-                        _tile_loadd(5, vt, dim * 4);
-                        _tile_dpbf16ps(0, 4, 5);
-                        _tile_loadd(6, vt + 16, dim * 4);
-                        _tile_dpbf16ps(1, 4, 6);
-                        if (d0 + 32 < dim) {
-                            _tile_loadd(7, vt + 32, dim * 4);
-                            _tile_dpbf16ps(2, 4, 7);
-                            _tile_loadd(5, vt + 48, dim * 4);
-                            _tile_dpbf16ps(3, 4, 5);
+            for (int item = 0; item < n * blocks; item++) {
+                if (!ready) continue;
+                const int h = h0 + item % n, qb = blocks - 1 - item / n; /* longest first */
+                const int r0 = qb * QROWS, rows = len - r0 < QROWS ? len - r0 : QROWS;
+                const int last_key = start + r0 + rows;
+                b.keys = keys + (size_t)(h - h0) * width * pairs;
+                b.values = values + (size_t)(h - h0) * width / 2 * dim;
+                memset(b.queries, 0, (size_t)group * QROWS * dim * 2);
+                for (int g = 0; g < group; g++)
+                    for (int i = 0; i < rows; i++)
+                        memcpy(b.queries + ((size_t)g * QROWS + i) * dim,
+                               q + (int64_t)(r0 + i) * q_stride + (int64_t)(h * group + g) * dim, (size_t)dim * 2);
+                __m512 vmax[MAX_GROUP * QROWS], vsum[MAX_GROUP * QROWS];
+                for (int st = 0; st < group * QROWS; st++) vmax[st] = _mm512_set1_ps(-FLT_MAX);
+                for (int k0 = 0; k0 < last_key; k0 += 16) { /* the scores, a query head at a time */
+                    const int nk = last_key - k0 < 16 ? last_key - k0 : 16;
+                    for (int g = 0; g < group; g++) {
+                        float *sg = scores + (size_t)g * QROWS * width + k0;
+                        _tile_zero(0);
+                        for (int p0 = 0; p0 < pairs; p0 += 16) {
+                            _tile_loadd(4, b.queries + (size_t)g * QROWS * dim + 2 * p0, dim * 2);
+                            _tile_loadd(5, b.keys + ((size_t)(k0 / 16) * pairs + p0) * 16, 64);
+                            _tile_dpbf16ps(0, 4, 5);
+                        }
+                        _tile_stored(0, sg, width * 4);
+                        for (int i = 0; i < rows; i++) {
+                            const int row = start + r0 + i, st = g * QROWS + i;
+                            const int visible = row - k0 + 1 < nk ? (row - k0 + 1 > 0 ? row - k0 + 1 : 0) : nk;
+                            __m512 s = _mm512_mul_ps(_mm512_loadu_ps(sg + (size_t)i * width), _mm512_set1_ps(scale));
+                            s = _mm512_mask_blend_ps(first_lanes16(visible), _mm512_set1_ps(-FLT_MAX), s);
+                            _mm512_storeu_ps(sg + (size_t)i * width, s);
+                            vmax[st] = _mm512_max_ps(vmax[st], s);
                         }
                     }
-                    float acc[QROWS][64] __attribute__((aligned(64)));
-                    _tile_stored(0, &acc[0][0], 256);
-                    _tile_stored(1, &acc[0][16], 256);
-                    _tile_stored(2, &acc[0][32], 256);
-                    _tile_stored(3, &acc[0][48], 256);
+                }
+                for (int g = 0; g < group; g++) { /* the weights, then times the values */
+                    memset(b.weights, 0, (size_t)QROWS * width * 2);
                     for (int i = 0; i < rows; i++) {
-                        const int st = g * QROWS + i;
-                        const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(vsum[st]));
-                        uint16_t *o = out + ((int64_t)(r0 + i) * heads + h * group + g) * dim + d0;
-                        for (int c = 0; c < 4 && d0 + 16 * c < dim; c++)
-                            _mm256_storeu_si256((__m256i *)(o + 16 * c),
-                                                (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_load_ps(&acc[i][16 * c]), inv)));
+                        const int row = start + r0 + i, st = g * QROWS + i;
+                        const float top = _mm512_reduce_max_ps(vmax[st]);
+                        const float *sr = scores + ((size_t)g * QROWS + i) * width;
+                        vsum[st] = _mm512_setzero_ps();
+                        for (int k0 = 0; k0 <= row && k0 < last_key; k0 += 16) {
+                            const int nk = last_key - k0 < 16 ? last_key - k0 : 16;
+                            const int visible = row - k0 + 1 < nk ? row - k0 + 1 : nk;
+                            __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(sr + k0), _mm512_set1_ps(top)));
+                            e = _mm512_maskz_mov_ps(first_lanes16(visible), e);
+                            vsum[st] = _mm512_add_ps(vsum[st], e);
+                            _mm256_storeu_si256((__m256i *)(b.weights + (size_t)i * width + k0),
+                                                (__m256i)_mm512_cvtneps_pbh(e));
+                        }
+                    }
+                    for (int d0 = 0; d0 < dim; d0 += 64) {
+                        _tile_zero(0);
+                        _tile_zero(1);
+                        _tile_zero(2);
+                        _tile_zero(3);
+                        for (int k0 = 0; k0 < last_key; k0 += PAIR_KEYS) {
+                            const uint32_t *vt = b.values + (size_t)(k0 / 2) * dim + d0;
+                            _tile_loadd(4, b.weights + k0, width * 2);
+                            _tile_loadd(5, vt, dim * 4);
+                            _tile_dpbf16ps(0, 4, 5);
+                            _tile_loadd(6, vt + 16, dim * 4);
+                            _tile_dpbf16ps(1, 4, 6);
+                            if (d0 + 32 < dim) {
+                                _tile_loadd(7, vt + 32, dim * 4);
+                                _tile_dpbf16ps(2, 4, 7);
+                                _tile_loadd(5, vt + 48, dim * 4);
+                                _tile_dpbf16ps(3, 4, 5);
+                            }
+                        }
+                        float acc[QROWS][64] __attribute__((aligned(64)));
+                        _tile_stored(0, &acc[0][0], 256);
+                        _tile_stored(1, &acc[0][16], 256);
+                        _tile_stored(2, &acc[0][32], 256);
+                        _tile_stored(3, &acc[0][48], 256);
+                        for (int i = 0; i < rows; i++) {
+                            const int st = g * QROWS + i;
+                            const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(vsum[st]));
+                            uint16_t *o = out + ((int64_t)(r0 + i) * heads + h * group + g) * dim + d0;
+                            for (int c = 0; c < 4 && d0 + 16 * c < dim; c++)
+                                _mm256_storeu_si256((__m256i *)(o + 16 * c),
+                                                    (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_load_ps(&acc[i][16 * c]), inv)));
+                        }
                     }
                 }
             }
