@@ -114,12 +114,10 @@ static int prefill_attention_amx(const uint16_t *q, int64_t q_stride, const uint
                             _tile_dpbf16ps(0, 4, 5);
                             _tile_loadd(6, vt + 16, dim * 4);
                             _tile_dpbf16ps(1, 4, 6);
-                            if (d0 + 32 < dim) {
-                                _tile_loadd(7, vt + 32, dim * 4);
-                                _tile_dpbf16ps(2, 4, 7);
-                                _tile_loadd(5, vt + 48, dim * 4);
-                                _tile_dpbf16ps(3, 4, 5);
-                            }
+                            _tile_loadd(7, vt + 32, dim * 4); /* dim: whole 64s */
+                            _tile_dpbf16ps(2, 4, 7);
+                            _tile_loadd(5, vt + 48, dim * 4);
+                            _tile_dpbf16ps(3, 4, 5);
                         }
                         float acc[QROWS][64] __attribute__((aligned(64)));
                         _tile_stored(0, &acc[0][0], 256);
@@ -130,7 +128,7 @@ static int prefill_attention_amx(const uint16_t *q, int64_t q_stride, const uint
                             const int st = g * QROWS + i;
                             const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(vsum[st]));
                             uint16_t *o = out + ((int64_t)(r0 + i) * heads + h * group + g) * dim + d0;
-                            for (int c = 0; c < 4 && d0 + 16 * c < dim; c++)
+                            for (int c = 0; c < 4; c++)
                                 _mm256_storeu_si256((__m256i *)(o + 16 * c),
                                                     (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_load_ps(&acc[i][16 * c]), inv)));
                         }
