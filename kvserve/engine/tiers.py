@@ -131,10 +131,22 @@ class EngineTiers:
         }
 
 
+def _fast_matmul(runner: Any) -> str | None:
+    """The fast mode's float matmul that changes a block's last bits, if any."""
+    from kvserve.model.quant.dense_bf16_linear import dense_bf16_available
+    from kvserve.model.quant.onednn_linear import onednn_available
+
+    dtype, device, exact = runner.dtype, runner.device, runner.exact
+    if str(dtype) == "torch.float32" and onednn_available(dtype, device, exact):
+        return "onednn-packed"
+    if dense_bf16_available(dtype, device, exact):
+        return "dense-bf16"
+    return None
+
+
 def _model_io(runner: Any, args: EngineArgs) -> tuple[Any, bytes]:
     """The model runner's K/V tensors as blocks, and the fingerprint keying the tiers."""
     from kvserve.model.memory.kv_io import KVBlockIO, kv_fingerprint
-    from kvserve.model.quant.onednn_linear import onednn_available
 
     if runner.model_dir is None:
         raise ValueError("offload needs a model checkpoint (its fingerprint keys the tiers)")
@@ -146,8 +158,7 @@ def _model_io(runner: Any, args: EngineArgs) -> tuple[Any, bytes]:
         args.hash_fn,
         args.hash_seed,
         runner.quantization,
-        packed_float32=str(runner.dtype) == "torch.float32"
-        and onednn_available(runner.dtype, runner.device, runner.exact),
+        matmul=_fast_matmul(runner),
     )
     layout = runner.layer_groups
     return KVBlockIO(runner.kv_tensors, layout.layer_group, layout.layer_slot), fingerprint

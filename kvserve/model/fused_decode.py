@@ -9,11 +9,12 @@ compare the two paths' logits bit for bit).
 It is planned once per model by the CPU runner, and only where every layer is the plain
 pre-norm decoder (DecoderLayer, DecoderAttention without q/k norms or soft-capping,
 GatedMLP with SiLU, RMSNorm) with packed projections (kvserve.model.quant: int4, int8,
-gguf) and a full rotary embedding; without LoRA adapters. A step takes it only where the
-Python path would run those same kernels: every row a decode in batch order (the
-attention metadata's `whole_batch`, with the C kernel's bounds), fewer rows than the
-packed layers' dense threshold, bfloat16 or a fast float32 step, caches of the rows'
-dtype. Any other step runs the modules.
+gguf) or bfloat16 ones on kvserve's kernel (dense_bf16_linear), and a full rotary
+embedding; without LoRA adapters. A step takes it only where the Python path would run
+those same kernels: every row a decode in batch order (the attention metadata's
+`whole_batch`, with the C kernel's bounds), fewer rows than the layers' threshold (the
+packed layers' DENSE_ROWS, DENSE_BF16_ROWS), bfloat16 or a fast float32 step, caches of
+the rows' dtype. Any other step runs the modules.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from kvserve.model.cpu_kernels import attention, decode_layers
 from kvserve.model.cpu_kernels.decode_layers import DecodeLayers, Layer, Packed, Reads, Step
 from kvserve.model.cpu_kernels.float32_scope import float32_on
 from kvserve.model.layers.common import GatedMLP, RMSNorm
+from kvserve.model.quant.dense_bf16_linear import DENSE_BF16_ROWS, DenseBf16Linear
 from kvserve.model.quant.quant_linear import DENSE_ROWS, PackedLinear
 
 if TYPE_CHECKING:
@@ -48,8 +50,16 @@ def plan_fused_decode(
     return ", a decode step's layers in one call" if model.fused_decode else ""
 
 
-def _packed(linear: PackedLinear, dtype: torch.dtype) -> Packed | None:
+def _packed(linear: PackedLinear | DenseBf16Linear, dtype: torch.dtype) -> Packed | None:
     """The projection's C arguments, or None where the call cannot take its tensors."""
+    if isinstance(linear, DenseBf16Linear):  # quant_matmul's bits 16: the weight as it is
+        weight, bias = linear.weight, linear.bias
+        if dtype != torch.bfloat16 or not weight.is_contiguous() or weight.device.type != "cpu":
+            return None
+        if bias is not None and (bias.dtype != dtype or not bias.is_contiguous()):
+            return None
+        ptr = None if bias is None else bias.data_ptr()
+        return Packed(weight.data_ptr(), None, None, ptr, *weight.shape, 16, 0)
     tensors = [linear.codes, linear.scales, linear.offsets, linear.bias]
     if not all(t is None or (t.is_contiguous() and t.device.type == "cpu") for t in tensors):
         return None
@@ -78,8 +88,11 @@ class FusedDecode:
         dtype: torch.dtype,
         eps: float,
         scale: float,
+        max_rows: int,
     ) -> None:
         self.library = library
+        self.max_rows = max_rows
+        """Steps of fewer rows take the call: the layers' own threshold."""
         self.layers = layers
         self.hidden, self.heads, self.kv_heads, self.head_dim, self.intermediate = shapes
         self.dtype = dtype
@@ -102,7 +115,7 @@ class FusedDecode:
         dtype = model.model.norm.weight.dtype
         if config.rotary_dim != config.head_dim or dtype not in (torch.bfloat16, torch.float32):
             return None
-        structs, eps, scale = [], set(), set()
+        structs, eps, scale, limits = [], set(), set(), set()
         for layer in model.model.layers:
             if type(layer) is not DecoderLayer:
                 return None
@@ -116,7 +129,11 @@ class FusedDecode:
                 return None
             modules = [getattr(attn, "qkv_proj", None), attn.o_proj]
             modules += [getattr(mlp, "gate_up_proj", None), mlp.down_proj]
-            linears = [p for p in modules if isinstance(p, PackedLinear)]
+            linears = [p for p in modules if isinstance(p, PackedLinear | DenseBf16Linear)]
+            limits |= {
+                DENSE_BF16_ROWS if isinstance(p, DenseBf16Linear) else DENSE_ROWS[dtype]
+                for p in linears
+            }
             packed = [s for s in (_packed(p, dtype) for p in linears) if s is not None]
             if len(packed) != len(modules):
                 return None
@@ -142,7 +159,7 @@ class FusedDecode:
         if library is None or library.kernels(dtype) is None:
             return None
         array = (Layer * len(structs))(*structs)
-        return cls(library, array, shapes, dtype, eps.pop(), scale.pop())
+        return cls(library, array, shapes, dtype, eps.pop(), scale.pop(), min(limits))
 
     def run(
         self,
@@ -156,7 +173,7 @@ class FusedDecode:
         dtype, rows = x.dtype, x.shape[0]
         if dtype != self.dtype or x.device.type != "cpu" or not x.is_contiguous():
             return False
-        if (dtype == torch.float32 and not float32_on()) or not 0 < rows < DENSE_ROWS[dtype]:
+        if (dtype == torch.float32 and not float32_on()) or not 0 < rows < self.max_rows:
             return False
         kernels, paged = self.library.kernels(dtype), attention.kernel()
         if kernels is None or paged is None or len(kv_caches) != len(self.layers):

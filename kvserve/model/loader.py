@@ -7,8 +7,10 @@ shape is checked against it before any tensor is read, and the tensors are
 then assigned directly in the target dtype and device: no random init, no
 second copy. The projections that read one input are then stacked into one
 layer each (kvserve.model.quant.fusion), quantization packs what it packs, and
-bfloat16 linear layers on the CPU get their weights pre-packed for oneDNN
-(kvserve.model.quant.onednn_linear).
+float linear layers on the CPU get their weights pre-packed for oneDNN
+(kvserve.model.quant.onednn_linear), except bfloat16 ones outside the exact mode on a
+CPU with AVX-512 BF16, whose few-row calls run kvserve's kernel
+(kvserve.model.quant.dense_bf16_linear).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from kvserve.model.checkpoint.gguf_weights import gguf_state_dict, locate_tensor
 from kvserve.model.checkpoint.resolve import resolve_checkpoint
 from kvserve.model.checkpoint.weight_check import check_weights
 from kvserve.model.models import DecoderForCausalLM, model_class
+from kvserve.model.quant.dense_bf16_linear import dense_bf16_available, use_dense_bf16
 from kvserve.model.quant.fusion import fuse_projections
 from kvserve.model.quant.gguf_blocks import gguf_packed_layers
 from kvserve.model.quant.onednn_linear import onednn_available, pack_linears
@@ -65,8 +68,8 @@ def load_model(
     `model_dir`: a Hugging Face checkpoint directory, a .gguf file, or a
     directory holding one (kvserve.model.checkpoint.resolve). `quantization`: one of
     kvserve.model.quant.quantize.QUANTIZATIONS; int8 and int4 pack the loaded
-    weights, gguf keeps a GGUF file's 4-bit blocks (CPU only). `exact`: float32 matmuls
-    stay F.linear's, transformers' bits (kvserve.model.quant.onednn_linear).
+    weights, gguf keeps a GGUF file's 4-bit blocks (CPU only). `exact`: float32 and
+    bfloat16 matmuls stay F.linear's, transformers' bits (kvserve.model.quant.onednn_linear).
     """
     check_quantization(quantization, device)
     checkpoint = resolve_checkpoint(model_dir)
@@ -101,7 +104,9 @@ def load_model(
     if quantization != "none":
         summary.bytes = packed_bytes(model)
         logger.info(summary.describe())
-    if onednn_available(dtype, device, exact):  # no per-call weight reorder (onednn_linear)
+    if dense_bf16_available(dtype, device, exact):  # decode rows on kvserve's kernel
+        use_dense_bf16(model)
+    elif onednn_available(dtype, device, exact):  # no per-call weight reorder (onednn_linear)
         pack_linears(model, dtype)
     model.requires_grad_(False)
     model.eval()

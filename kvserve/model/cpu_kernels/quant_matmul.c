@@ -159,6 +159,7 @@ static inline __attribute__((always_inline)) void window_rows(
     }
 }
 #define PATH_NAME "avx512-vnni"
+#include "dense_bf16.h"
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
 #define PATH_AMX 1
 #include "quant_matmul_amx.h"
@@ -192,6 +193,15 @@ static const RowsFn ROWS4[TILE] = {rows4_1, rows4_2}, ROWS4U[TILE] = {rows4u_1, 
 /* Which instructions this build runs (the load log says it). */
 const char *quant_matmul_path(void) { return PATH_NAME; }
 
+/* Whether this build runs bits 16 (bfloat16 weights as they are: dense_bf16.h). */
+int quant_matmul_dense_bf16(void) {
+#if DENSE_BF16
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 #if !PATH_AMX
 int quant_matmul_tiles(int on) { return on * 0; } /* no AMX tiles in this build */
 #endif
@@ -199,10 +209,19 @@ int quant_matmul_tiles(int on) { return on * 0; } /* no AMX tiles in this build 
 /* out [M, N] = x [M, K] @ W.T, x and out float32 or bfloat16 (x_bf16).
  * bits 4: codes [N, K/2], scales and offsets [N, K/32] (float16 when scales_f16; offsets
  * may be NULL). bits 8: codes [N, K], scales [N] float32. K a multiple of 64.
+ * bits 16: codes are bfloat16 weights [N, K] (any K, no scales), x and out bfloat16.
  * Returns 0, or -1 when the shapes are not what this kernel runs, -2 when out of memory. */
 int quant_matmul(const void *x, void *out, int x_bf16, int64_t M, int64_t N, int64_t K,
                  const uint8_t *codes, int bits, const void *scales, const void *offsets,
                  int scales_f16, int threads) {
+    if (bits == 16) {
+#if DENSE_BF16
+        if (!x_bf16 || M < 0 || N < 0 || K <= 0) return -1;
+        return dense_bf16_matmul(x, out, M, N, K, (const uint16_t *)codes, threads);
+#else
+        return -1;
+#endif
+    }
     if (K % 64 != 0 || (bits != 4 && bits != 8) || M < 0 || N < 0) return -1;
     if (M == 0 || N == 0) return 0;
 #if PATH_AMX

@@ -66,6 +66,8 @@ class QuantMatmul:
         self.path: str = path().decode()
         """avx512-vnni, avx2-vnni, avx2 or portable."""
         self._tiles = function(library, "quant_matmul_tiles", _I, _I)
+        self.dense_bf16: bool = bool(function(library, "quant_matmul_dense_bf16", _I)())
+        """Whether `dense` runs here (AVX-512 BF16: dense_bf16.h)."""
         self.tile_rows: int = self.use_tiles(os.environ.get(AMX_ENV, "1") != "0")
         """The input rows from which a call runs on AMX tiles in bfloat16; 0: never."""
 
@@ -115,6 +117,22 @@ class QuantMatmul:
         if status != 0:
             what = "out of memory" if status == -2 else f"a {tuple(x.shape)} input it cannot run"
             raise RuntimeError(f"quant_matmul: {what} (codes {tuple(codes.shape)}, {bits} bits)")
+        return out
+
+    def dense(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """x [M, K] times a bfloat16 weight [N, K] as it is, transposed: [M, N] bfloat16
+        (both contiguous bfloat16; `dense_bf16` says whether this CPU runs it)."""
+        out = torch.empty(x.shape[0], weight.shape[0], dtype=torch.bfloat16)
+        args = (x.data_ptr(), out.data_ptr(), 1, x.shape[0], weight.shape[0], x.shape[1],
+                weight.data_ptr(), 16, None, None, 0, torch.get_num_threads())  # fmt: skip
+        if profiler._is_profiler_enabled:
+            with torch.profiler.record_function("kvserve::dense_bf16"):
+                status = self._fn(*args)
+        else:
+            status = self._fn(*args)
+        if status != 0:
+            raise RuntimeError(f"quant_matmul: a {tuple(x.shape)} input it cannot run "
+                               f"(bfloat16 weight {tuple(weight.shape)})")  # fmt: skip
         return out
 
     def dequantize(

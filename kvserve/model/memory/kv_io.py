@@ -108,10 +108,11 @@ def kv_fingerprint(
     hash_fn: str,
     hash_seed: int,
     quantization: str = "none",
-    packed_float32: bool = False,
+    matmul: str | None = None,
 ) -> bytes:
-    """32 bytes naming everything a stored block's meaning depends on (`packed_float32`:
-    float32 matmuls on packed weights, whose last bits differ from the exact mode's)."""
+    """32 bytes naming everything a stored block's meaning depends on (`matmul`: the fast
+    mode's float matmuls, whose last bits differ from the exact mode's: "onednn-packed"
+    for float32, "dense-bf16" for bfloat16's few-row calls; None: the exact mode's)."""
     described: dict[str, object] = {
         "version": FORMAT_VERSION,
         "model": weights_digest(model_dir),
@@ -123,6 +124,6 @@ def kv_fingerprint(
     }
     if quantization != "none":  # packed weights compute other K/V; float keys stay as they were
         described["quantization"] = quantization
-    if packed_float32 and quantization == "none":  # the exact mode's keys stay as they were
-        described["matmul"] = "onednn-packed"
+    if matmul is not None and quantization == "none":  # the exact mode's keys as they were
+        described["matmul"] = matmul
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).digest()
