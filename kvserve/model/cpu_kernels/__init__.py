@@ -34,7 +34,9 @@ call). Files:
                     quant_matmul_avx2.h, quant_matmul_plain.h: the AVX2 and plain C
                     paths; quant_matmul_amx.h: calls of 10 rows or more on AMX tiles,
                     16 weight rows at a time dequantized to bfloat16 (KVSERVE_AMX=0
-                    keeps them off); quant_dequantize.c and .h: the weights as floats
+                    keeps them off); quant_dequantize.c and .h: the weights as floats;
+                    dense_bf16.h: bits 16, bfloat16 weights as they are times a few
+                    bfloat16 rows on AVX-512 BF16 (a bfloat16 model's decode steps)
     quant_layout.py, quant_layout.h  its weight layout (windows of 16 blocks, 8 steps of
                     4 columns), packed and unpacked with torch; the C side's constants
     decode_layers.c, decode_layers.py  a decode step's decoder layers in one call:

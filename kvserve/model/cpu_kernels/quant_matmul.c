@@ -51,16 +51,24 @@
 
 /* Decode reads every weight once, and on its own the hardware prefetcher keeps only about
  * 3/4 of the read bandwidth busy while the dot products fill the out-of-order window: each
- * window asks for the codes PREFETCH_BYTES ahead (and their scales), into L2 because they
+ * window asks for the codes prefetch_bytes ahead (and their scales), into L2 because they
  * are read once. Rows are contiguous, so ahead of a row's end is the next row's start.
- * 3 KiB was the fastest of 0.5-8 KiB on a 1B model's matmuls (benchmarks/llama_1b.py). */
-#define PREFETCH_BYTES 3072
+ * The distance is the CPU's: on an Intel Xeon 3 KiB was the fastest of 0.5-8 KiB on a 1B
+ * model's matmuls (benchmarks/llama_1b.py); on an AMD EPYC (Zen 4) 12-24 KiB were, a
+ * decode step 0.7x its time at 3 KiB (48 KiB: 0.9x). */
+static int64_t prefetch_bytes = 3072;
+__attribute__((constructor)) static void choose_prefetch_distance(void) {
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_is("amd")) prefetch_bytes = 16384;
+#endif
+}
 static inline void prefetch_ahead(const uint8_t *codes, int64_t w, int64_t window_bytes,
                                   const void *scales, const void *offsets, int f16, int bits) {
-    const char *at = (const char *)codes + w * window_bytes + PREFETCH_BYTES;
+    const char *at = (const char *)codes + w * window_bytes + prefetch_bytes;
     for (int64_t line = 0; line < window_bytes; line += 64) __builtin_prefetch(at + line, 0, 2);
     if (bits != 4) return; /* one scale per row */
-    const int64_t scale_at = (w * WINDOW) * (f16 ? 2 : 4) + PREFETCH_BYTES / 16 * (f16 ? 2 : 4);
+    const int64_t scale_at = (w * WINDOW) * (f16 ? 2 : 4) + prefetch_bytes / 16 * (f16 ? 2 : 4);
     __builtin_prefetch((const char *)scales + scale_at, 0, 2);
     if (offsets) __builtin_prefetch((const char *)offsets + scale_at, 0, 2);
 }

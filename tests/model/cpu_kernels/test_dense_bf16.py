@@ -82,12 +82,16 @@ def runner(path: str, exact: bool) -> ModelRunner:
 
 
 def test_a_fast_bfloat16_model_takes_the_layer_and_the_exact_mode_keeps_onednn(
-    checkpoints, monkeypatch
+    checkpoints, monkeypatch, caplog
 ):
     monkeypatch.delenv(EXACT_ENV)  # the suite runs exact; the users' default is not
+    caplog.set_level("INFO", logger="kvserve")
     assert dense_bf16_available(torch.bfloat16, torch.device("cpu"), exact=False)
     path = checkpoints["qwen2"].path  # tied embeddings
-    fast, exact = runner(path, exact=False), runner(path, exact=True)
+    fast = runner(path, exact=False)
+    said = [r.getMessage() for r in caplog.records if "dtype bfloat16" in r.getMessage()]
+    assert len(said) == 1 and "decode matmuls on kvserve's AVX-512 BF16 kernel" in said[0]
+    exact = runner(path, exact=True)
     assert fast.model is not None and exact.model is not None
     kinds = {type(m) for m in fast.model.modules() if isinstance(m, nn.Linear | DenseBf16Linear)}
     assert kinds == {DenseBf16Linear}
