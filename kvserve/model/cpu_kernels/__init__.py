@@ -32,7 +32,9 @@ call). Files:
                     layer (kvserve.model.quant), any dtype; a prefill unpacks each weight
                     row once and meets its input rows in blocks that stay in L1;
                     quant_matmul_avx2.h, quant_matmul_plain.h: the AVX2 and plain C
-                    paths; quant_matmul_amx.h: calls of 10 rows or more on AMX tiles,
+                    paths; quant_matmul_pairs.h: a prefill's pass of two weight rows
+                    against four input rows on AVX-512 VNNI (the same bits);
+                    quant_matmul_amx.h: calls of 10 rows or more on AMX tiles,
                     16 weight rows at a time dequantized to bfloat16 (KVSERVE_AMX=0
                     keeps them off); quant_dequantize.c and .h: the weights as floats;
                     dense_bf16.h: bits 16, bfloat16 weights as they are times a few

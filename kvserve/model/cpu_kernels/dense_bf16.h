@@ -1,11 +1,12 @@
-/* bfloat16 weights as they are (no quantization) times a few bfloat16 input rows, on
- * AVX-512 BF16's dot products (kvserve/model/cpu_kernels): a bfloat16 model's decode steps.
+/* bfloat16 weights as they are (no quantization) times bfloat16 input rows, on AVX-512
+ * BF16's dot products (kvserve/model/cpu_kernels): a bfloat16 model's decode steps, batches
+ * and short prefill chunks (kvserve/model/quant/dense_bf16_linear.py says how many rows).
  *
- * Why: a decode step of a few rows reads every weight once, so its matmuls should run at
- * the memory's speed. oneDNN's bfloat16 matmul (torch's F.linear and its packed weights)
- * reaches about 40% of the copy bandwidth on the default model's layers at 1-8 rows
- * (benchmarks/README.md, "profile_step"); here each thread streams its weight rows once,
- * two at a time, against up to 8 input rows held in L1.
+ * Why: the fused decode (decode_layers.c) runs a step's layers as one C call, and oneDNN's
+ * matmul (torch's F.linear) is not a C function it can call; and at 1-8 rows oneDNN reads
+ * the default model's weights at about 16 GB/s where this kernel reads 23 (an AMD EPYC,
+ * 2 threads). Each thread streams its weight rows once, two at a time, prefetched
+ * DENSE_PREFETCH_BYTES ahead, against up to 8 input rows held in L1.
  *
  * Numbers: out[m, n] = bf16(sum over k of w[n, k] * x[m, k]) in float32, summed by
  * vdpbf16ps in 16 lanes (lane i takes columns 32j + 2i and 32j + 2i + 1, j in order), then
@@ -17,12 +18,29 @@
 #define KVSERVE_DENSE_BF16_H
 
 #define DENSE_ROWS_MAX 8 /* input rows sharing one pass over two weight rows (16 sums) */
-#ifndef DENSE_PREFETCH_BYTES
 #define DENSE_PREFETCH_BYTES 2048 /* each weight row's line this far ahead, into L2 */
-#endif
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
 #define DENSE_BF16 1
+
+/* The 16 vectors' lane sums as one vector (lane i: v[i]'s), by one fixed tree of adds: each
+ * vector's 16 lanes are added in the same order whatever the others hold. */
+static inline __m512 lane_sums16(const __m512 v[16]) {
+    __m512 w[8], x[4];
+    for (int j = 0; j < 8; j++) /* 128-bit chunk c: [a0+a2, b0+b2, a1+a3, b1+b3] */
+        w[j] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * j], v[2 * j + 1]),
+                             _mm512_unpackhi_ps(v[2 * j], v[2 * j + 1]));
+    for (int j = 0; j < 4; j++) { /* chunk c: its partial sums of v[4j], ..., v[4j + 3] */
+        const __m512d a = _mm512_castps_pd(w[2 * j]), b = _mm512_castps_pd(w[2 * j + 1]);
+        x[j] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+    }
+    const __m512 z0 = _mm512_add_ps(_mm512_shuffle_f32x4(x[0], x[1], 0x88),
+                                    _mm512_shuffle_f32x4(x[0], x[1], 0xdd));
+    const __m512 z1 = _mm512_add_ps(_mm512_shuffle_f32x4(x[2], x[3], 0x88),
+                                    _mm512_shuffle_f32x4(x[2], x[3], 0xdd));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(z0, z1, 0x88), _mm512_shuffle_f32x4(z0, z1, 0xdd));
+}
 
 /* acc[r][m] += the dot products of columns [k, k + 32) (those `keep` marks) of w_r and x_m */
 static inline __attribute__((always_inline)) void dense_columns(
@@ -53,9 +71,12 @@ static inline __attribute__((always_inline)) void dense_pass(
     }
     if (whole < K) /* the last columns, zeros past K */
         dense_columns(acc, w0, w1, x, K, whole, (__mmask32)((1ull << (K - whole)) - 1u), mt, nr);
+    __m512 all[2 * DENSE_ROWS_MAX]; /* unused sums stay zero: one tree for every count */
 #pragma GCC unroll 16
-    for (int i = 0; i < nr * mt; i++)
-        sums[i / mt * DENSE_ROWS_MAX + i % mt] = _mm512_reduce_add_ps(acc[i / mt][i % mt]);
+    for (int i = 0; i < 2 * DENSE_ROWS_MAX; i++)
+        all[i] = i / DENSE_ROWS_MAX < nr && i % DENSE_ROWS_MAX < mt
+                     ? acc[i / DENSE_ROWS_MAX][i % DENSE_ROWS_MAX] : _mm512_setzero_ps();
+    _mm512_storeu_ps(sums, lane_sums16(all));
 }
 
 /* Each variant with its rows as constants, so that its sums live in registers. */

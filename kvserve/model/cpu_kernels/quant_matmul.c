@@ -168,6 +168,7 @@ static inline __attribute__((always_inline)) void window_rows(
 }
 #define PATH_NAME "avx512-vnni"
 #include "dense_bf16.h"
+#include "quant_matmul_pairs.h"
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
 #define PATH_AMX 1
 #include "quant_matmul_amx.h"
@@ -272,6 +273,15 @@ int quant_matmul(const void *x, void *out, int x_bf16, int64_t M, int64_t N, int
             for (int64_t m1 = 0; m1 < M; m1 += chunk) {
                 const int64_t m_end = M - m1 < chunk ? M : m1 + chunk;
                 for (int64_t n = n0; n < n0 + rows; n++) {
+#ifdef KVSERVE_QUANT_MATMUL_PAIRS_H
+                    if (unpacked && n + 1 < n0 + rows) { /* two weight rows a pass */
+                        pair_pass(unpacked + (n - n0) * q.windows * 512, q.windows * 512, scales,
+                                  offsets, row_scales, scales_f16, &q, n, m1, m_end, K, N,
+                                  out, x_bf16);
+                        n++;
+                        continue;
+                    }
+#endif
                     const uint8_t *row = unpacked ? unpacked + (n - n0) * q.windows * 512
                                                   : codes + n * row_bytes;
                     const void *s = (const char *)scales + n * row_scales;

@@ -6,9 +6,10 @@ Why: a decode step of a bfloat16 model is a few rows through every layer, about 
 quarter of it Python between the kernels (benchmarks/profile_step.py). The fused decode
 (kvserve.model.fused_decode) removes that, but it runs C kernels only, and oneDNN's
 matmul is not one it can call. With the layer's weight kept as it is ([N, K] bfloat16,
-no packed copy), calls of fewer than DENSE_BF16_ROWS rows run this kernel, in the
-modules and in the fused call alike (the same bits either way), and more rows run
-F.linear (oneDNN, which reorders the weight per call: about 8% of a 256-row call).
+no packed copy), calls of fewer than DENSE_BF16_ROWS rows (decode steps, batches, short
+prefill chunks) run this kernel, in the modules and in the fused call alike (the same
+bits either way), and more rows run F.linear (oneDNN, which reorders the weight per
+call: about 8% of a 256-row call).
 
 Numerics: float32 sums of bfloat16 products, as oneDNN's, in another order, so the last
 bits of a few-row call differ from F.linear's. The engine's exact mode keeps
@@ -25,10 +26,12 @@ from kvserve.engine.engine_args import exact_from_env
 from kvserve.model.cpu_kernels import quant_matmul
 from kvserve.model.quant.quantize import linear_modules, replace_module
 
-DENSE_BF16_ROWS = 16
-"""Calls of fewer rows run the kernel. On the default model's layers (2 threads, AVX-512
-BF16) it takes 0.8-1.1x oneDNN's time up to 8 rows as a module, 1.2x at 12-16, and a
-fused decode step saves the Python besides; a prefill's many rows go to oneDNN."""
+DENSE_BF16_ROWS = 96
+"""Calls of fewer rows run the kernel. The default model's 120 layer matmuls (2 threads, an
+AMD EPYC with AVX-512 BF16): 0.77x oneDNN's packed time at 1 row, 1.06-1.3x at 4-64 rows,
+where F.linear (which reorders the weight each call) takes 1.1-2.2x; at 96 rows the two
+are even (75 and 76 ms), at 256 F.linear is faster (151 against 191 ms). A fused decode
+step saves the Python between the layers besides."""
 
 
 class DenseBf16Linear(nn.Module):
