@@ -1,5 +1,6 @@
-"""Linear layers with their weights pre-packed for oneDNN, on the CPU: bfloat16 always,
-float32 unless the engine runs in its exact mode.
+"""Linear layers with their weights pre-packed for oneDNN, on the CPU: bfloat16 where
+kvserve's own kernel does not take them (the exact mode, or a CPU without AVX-512 BF16:
+kvserve.model.quant.dense_bf16_linear), float32 unless the engine runs in its exact mode.
 
 torch's `F.linear` on the CPU hands the weight in its plain row-major layout to
 the matmul library, which copies it into its blocked layout on every call
