@@ -140,7 +140,7 @@ def _fast_matmul(runner: Any) -> str | None:
     if str(dtype) == "torch.float32" and onednn_available(dtype, device, exact):
         return "onednn-packed"
     if dense_bf16_available(dtype, device, exact):
-        return "dense-bf16"
+        return "dense-bf16-panels"  # the panels' sums (the row-major kernel's differed)
     return None
 
 

@@ -125,7 +125,7 @@ def cpu_dtype_reason(
 ) -> str:
     """The start-up line's words on the CPU: the CPU, its features, the dtype and why, and
     whether float32's matmuls are the fast (packed) or the exact ones (`dense_bf16`:
-    bfloat16's few-row ones run kvserve's kernel, kvserve.model.quant.dense_bf16_linear)."""
+    bfloat16's run kvserve's kernel, kvserve.model.quant.dense_bf16_linear)."""
     chosen = str(dtype).removeprefix("torch.")
     if name != "auto":
         why = "as asked"
@@ -142,6 +142,6 @@ def cpu_dtype_reason(
             else "; matmuls packed for oneDNN (--exact: transformers' bits)"
         )
     if dense_bf16:
-        why += "; decode matmuls on kvserve's AVX-512 BF16 kernel (--exact: transformers' bits)"
+        why += "; matmuls on kvserve's AVX-512 BF16 kernel (--exact: transformers' bits)"
     packed = f"; {PACKED_DTYPE_WHY}" if quantization != "none" else ""
     return f"CPU: {cpu.describe()}; dtype {chosen} ({why}){packed}"

@@ -9,7 +9,7 @@ second copy. The projections that read one input are then stacked into one
 layer each (kvserve.model.quant.fusion), quantization packs what it packs, and
 float linear layers on the CPU get their weights pre-packed for oneDNN
 (kvserve.model.quant.onednn_linear), except bfloat16 ones outside the exact mode on a
-CPU with AVX-512 BF16, whose few-row calls run kvserve's kernel
+CPU with AVX-512 BF16, packed in panels for kvserve's kernel
 (kvserve.model.quant.dense_bf16_linear).
 """
 
@@ -104,7 +104,7 @@ def load_model(
     if quantization != "none":
         summary.bytes = packed_bytes(model)
         logger.info(summary.describe())
-    if dense_bf16_available(dtype, device, exact):  # decode rows on kvserve's kernel
+    if dense_bf16_available(dtype, device, exact):  # every matmul on kvserve's kernel
         use_dense_bf16(model)
     elif onednn_available(dtype, device, exact):  # no per-call weight reorder (onednn_linear)
         pack_linears(model, dtype)

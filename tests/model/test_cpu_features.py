@@ -104,7 +104,7 @@ def test_auto_is_float32_on_every_cpu(cpu):
     exact = cpu_dtype_reason("auto", torch.float32, cpu, "none", exact=True)
     assert exact.endswith("; exact: transformers' matmuls)")
     dense = cpu_dtype_reason("bfloat16", torch.bfloat16, cpu, "none", dense_bf16=True)
-    assert dense.endswith("; decode matmuls on kvserve's AVX-512 BF16 kernel (--exact: "
+    assert dense.endswith("; matmuls on kvserve's AVX-512 BF16 kernel (--exact: "
                           "transformers' bits))")  # fmt: skip
     assert "kernel" not in cpu_dtype_reason("bfloat16", torch.bfloat16, cpu, "none")
 

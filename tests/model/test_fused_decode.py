@@ -108,8 +108,8 @@ def test_a_sliding_window_model_takes_the_call(dense_checkpoints):
 @pytest.mark.skipif(not DENSE_BF16, reason="no AVX-512 BF16 kernel on this CPU")
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_bfloat16_float_weights_take_the_call(checkpoints, arch):
-    """Unquantized bfloat16 layers (DenseBf16Linear: its few-row calls on kvserve's kernel,
-    in the modules and in the call alike); Qwen2's tied lm_head reads the embeddings."""
+    """Unquantized bfloat16 layers (DenseBf16Linear: kvserve's kernel on the weights'
+    panels, in the modules and in the call alike); Qwen2's tied lm_head packs the embeddings."""
     runner = runner_for(checkpoints[arch].path, "none", "bfloat16")
     assert runner.model is not None
     assert isinstance(runner.model.model.layers[0].mlp.down_proj, DenseBf16Linear)

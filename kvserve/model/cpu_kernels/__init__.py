@@ -37,8 +37,9 @@ call). Files:
                     quant_matmul_amx.h: calls of 10 rows or more on AMX tiles,
                     16 weight rows at a time dequantized to bfloat16 (KVSERVE_AMX=0
                     keeps them off); quant_dequantize.c and .h: the weights as floats;
-                    dense_bf16.h: bits 16, bfloat16 weights as they are times a few
-                    bfloat16 rows on AVX-512 BF16 (a bfloat16 model's decode steps)
+                    dense_bf16.h: bits 16, bfloat16 weights in panels (16 output
+                    columns, input pairs interleaved) times bfloat16 rows on AVX-512
+                    BF16 (a bfloat16 model's every matmul)
     quant_layout.py, quant_layout.h  its weight layout (windows of 16 blocks, 8 steps of
                     4 columns), packed and unpacked with torch; the C side's constants
     decode_layers.c, decode_layers.py  a decode step's decoder layers in one call:

@@ -202,7 +202,7 @@ static const RowsFn ROWS4[TILE] = {rows4_1, rows4_2}, ROWS4U[TILE] = {rows4u_1, 
 /* Which instructions this build runs (the load log says it). */
 const char *quant_matmul_path(void) { return PATH_NAME; }
 
-/* Whether this build runs bits 16 (bfloat16 weights as they are: dense_bf16.h). */
+/* Whether this build runs bits 16 (bfloat16 weights in panels: dense_bf16.h). */
 int quant_matmul_dense_bf16(void) {
 #if DENSE_BF16
     return 1;
@@ -218,7 +218,7 @@ int quant_matmul_tiles(int on) { return on * 0; } /* no AMX tiles in this build 
 /* out [M, N] = x [M, K] @ W.T, x and out float32 or bfloat16 (x_bf16).
  * bits 4: codes [N, K/2], scales and offsets [N, K/32] (float16 when scales_f16; offsets
  * may be NULL). bits 8: codes [N, K], scales [N] float32. K a multiple of 64.
- * bits 16: codes are bfloat16 weights [N, K] (any K, no scales), x and out bfloat16.
+ * bits 16: codes are bfloat16 weights in panels (dense_bf16.h; any K, no scales), x and out bfloat16.
  * Returns 0, or -1 when the shapes are not what this kernel runs, -2 when out of memory. */
 int quant_matmul(const void *x, void *out, int x_bf16, int64_t M, int64_t N, int64_t K,
                  const uint8_t *codes, int bits, const void *scales, const void *offsets,

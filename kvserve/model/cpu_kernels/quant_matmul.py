@@ -119,12 +119,19 @@ class QuantMatmul:
             raise RuntimeError(f"quant_matmul: {what} (codes {tuple(codes.shape)}, {bits} bits)")
         return out
 
-    def dense(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """x [M, K] times a bfloat16 weight [N, K] as it is, transposed: [M, N] bfloat16
-        (both contiguous bfloat16; `dense_bf16` says whether this CPU runs it)."""
-        out = torch.empty(x.shape[0], weight.shape[0], dtype=torch.bfloat16)
-        args = (x.data_ptr(), out.data_ptr(), 1, x.shape[0], weight.shape[0], x.shape[1],
-                weight.data_ptr(), 16, None, None, 0, torch.get_num_threads())  # fmt: skip
+    def dense(self, x: torch.Tensor, panels: torch.Tensor, out_features: int) -> torch.Tensor:
+        """x [M, K] times a bfloat16 weight [N, K] held in panels (dense_bf16_linear's
+        `pack_panels`), transposed: [M, N] bfloat16 (x contiguous bfloat16; `dense_bf16`
+        says whether this CPU runs it)."""
+        count, pairs = panels.shape[:2]
+        if panels.dtype != torch.bfloat16 or (count * 16 - out_features) not in range(16):
+            raise ValueError(f"dense: panels {tuple(panels.shape)} hold no {out_features} rows")
+        if x.dtype != torch.bfloat16 or (pairs * 2 - x.shape[1]) not in range(2):
+            raise ValueError(f"dense: a {tuple(x.shape)} {x.dtype} input for panels "
+                             f"{tuple(panels.shape)}")  # fmt: skip
+        out = torch.empty(x.shape[0], out_features, dtype=torch.bfloat16)
+        args = (x.data_ptr(), out.data_ptr(), 1, x.shape[0], out_features, x.shape[1],
+                panels.data_ptr(), 16, None, None, 0, torch.get_num_threads())  # fmt: skip
         if profiler._is_profiler_enabled:
             with torch.profiler.record_function("kvserve::dense_bf16"):
                 status = self._fn(*args)
@@ -132,7 +139,7 @@ class QuantMatmul:
             status = self._fn(*args)
         if status != 0:
             raise RuntimeError(f"quant_matmul: a {tuple(x.shape)} input it cannot run "
-                               f"(bfloat16 weight {tuple(weight.shape)})")  # fmt: skip
+                               f"(bfloat16 panels {tuple(panels.shape)})")  # fmt: skip
         return out
 
     def dequantize(

@@ -17,7 +17,7 @@ int8 activations times the codes, VNNI or AVX2), in the engine's dtype. Files:
                     weight reorder: F.linear's bits in bfloat16; float32 only
                     outside the exact mode; packed modes left alone
     dense_bf16_linear.py bfloat16 linear layers outside the exact mode on a CPU with
-                    AVX-512 BF16: calls of fewer than 96 rows (decode steps) on
+                    AVX-512 BF16: weights packed once in panels, every call on
                     cpu_kernels' dense_bf16.h, so the fused decode takes bfloat16
-                    models too; more rows on F.linear
+                    models too
 """

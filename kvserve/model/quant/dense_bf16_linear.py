@@ -1,20 +1,19 @@
-"""bfloat16 linear layers whose few-row calls (decode steps) run kvserve's AVX-512 BF16
-kernel (kvserve.model.cpu_kernels.quant_matmul's `dense`, dense_bf16.h), on a CPU that
-has those instructions, outside the exact mode.
+"""bfloat16 linear layers on kvserve's AVX-512 BF16 kernel (kvserve.model.cpu_kernels.
+quant_matmul's `dense`, dense_bf16.h), on a CPU that has those instructions, outside the
+exact mode: every call, decode steps and prefills.
 
 Why: a decode step of a bfloat16 model is a few rows through every layer, about a
 quarter of it Python between the kernels (benchmarks/profile_step.py). The fused decode
 (kvserve.model.fused_decode) removes that, but it runs C kernels only, and oneDNN's
-matmul is not one it can call. With the layer's weight kept as it is ([N, K] bfloat16,
-no packed copy), calls of fewer than DENSE_BF16_ROWS rows (decode steps, batches, short
-prefill chunks) run this kernel, in the modules and in the fused call alike (the same
-bits either way), and more rows run F.linear (oneDNN, which reorders the weight per
-call: about 8% of a 256-row call).
+matmul is not one it can call. The weight is kept in the kernel's "panels" (sixteen
+output columns with their input pairs interleaved, `pack_panels`), the layout oneDNN's
+own packing uses, so no call reorders it, and one layout serves every row count: a
+row's bits never depend on the size of its batch or chunk.
 
 Numerics: float32 sums of bfloat16 products, as oneDNN's, in another order, so the last
-bits of a few-row call differ from F.linear's. The engine's exact mode keeps
-OneDNNLinear, F.linear's bits (kvserve.model.quant.onednn_linear). A tied lm_head reads
-the embeddings themselves (OneDNNLinear holds a packed copy).
+bits differ from F.linear's. The engine's exact mode keeps OneDNNLinear, F.linear's bits
+(kvserve.model.quant.onednn_linear). A tied lm_head holds its own panels (the embeddings
+stay rows, for the lookup), as OneDNNLinear holds a packed copy.
 """
 
 from __future__ import annotations
@@ -26,32 +25,54 @@ from kvserve.engine.engine_args import exact_from_env
 from kvserve.model.cpu_kernels import quant_matmul
 from kvserve.model.quant.quantize import linear_modules, replace_module
 
-DENSE_BF16_ROWS = 96
-"""Calls of fewer rows run the kernel. The default model's 120 layer matmuls (2 threads, an
-AMD EPYC with AVX-512 BF16): 0.77x oneDNN's packed time at 1 row, 1.06-1.3x at 4-64 rows,
-where F.linear (which reorders the weight each call) takes 1.1-2.2x; at 96 rows the two
-are even (75 and 76 ms), at 256 F.linear is faster (151 against 191 ms). A fused decode
-step saves the Python between the layers besides."""
+PANEL = 16
+"""Output columns a panel holds (one AVX-512 vector of float32 sums)."""
+
+
+def pack_panels(weight: torch.Tensor) -> torch.Tensor:
+    """[N, K] -> [ceil(N / 16), ceil(K / 2), 16, 2]: panel p, pair j holds w[16p + i, 2j + c]
+    at [p, j, i, c]; rows and columns past N and K are zeros."""
+    n, k = weight.shape
+    n_pad, k_pad = -n % PANEL, k % 2
+    padded = nn.functional.pad(weight.detach(), (0, k_pad, 0, n_pad))
+    shape = (padded.shape[0] // PANEL, PANEL, padded.shape[1] // 2, 2)
+    return padded.reshape(shape).permute(0, 2, 1, 3).contiguous()
+
+
+def unpack_panels(panels: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
+    """pack_panels' inverse: the weight [N, K]."""
+    count, pairs = panels.shape[:2]
+    rows = panels.permute(0, 2, 1, 3).reshape(count * PANEL, pairs * 2)
+    return rows[:out_features, :in_features].contiguous()
 
 
 class DenseBf16Linear(nn.Module):
-    """y = x W^T + b in bfloat16, W as it is: the kernel below DENSE_BF16_ROWS rows."""
+    """y = x W^T + b in bfloat16, W in the kernel's panels (`pack_panels`)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
-        self.weight = nn.Parameter(weight.detach().contiguous(), requires_grad=False)
+        self.panels = nn.Parameter(pack_panels(weight), requires_grad=False)
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The weight [N, K] as rows (a copy: for readers other than the kernel)."""
+        return unpack_panels(self.panels, self.out_features, self.in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2:
             return self.forward(x.reshape(-1, self.in_features)).view(*x.shape[:-1], -1)
         kernel = quant_matmul.kernel()
-        few = 0 < x.shape[0] < DENSE_BF16_ROWS and x.dtype == torch.bfloat16
-        if kernel is None or not few or x.device.type != "cpu":
-            return nn.functional.linear(x, self.weight, self.bias)
-        out = kernel.dense(x.contiguous(), self.weight)
+        if kernel is None or x.dtype != torch.bfloat16 or x.device.type != "cpu":
+            bias = None if self.bias is None else self.bias.to(x.dtype)
+            return nn.functional.linear(x, self.weight.to(x.dtype), bias)
+        out = kernel.dense(x.contiguous(), self.panels, self.out_features)
         return out if self.bias is None else out.add_(self.bias)
+
+    def extra_repr(self) -> str:
+        bias = self.bias is not None
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={bias}"
 
 
 def dense_bf16_available(dtype: torch.dtype, device: torch.device, exact: bool) -> bool:
@@ -65,9 +86,9 @@ def dense_bf16_available(dtype: torch.dtype, device: torch.device, exact: bool) 
 
 
 def use_dense_bf16(model: nn.Module) -> int:
-    """Swap every plain bfloat16 nn.Linear (and a tied lm_head, over the embeddings
-    themselves) for a DenseBf16Linear; the number swapped. The caller checks
-    `dense_bf16_available` first."""
+    """Swap every plain bfloat16 nn.Linear (and a tied lm_head, packed from the embeddings)
+    for a DenseBf16Linear; the number swapped. The caller checks `dense_bf16_available`
+    first."""
     count = 0
     for name, module in linear_modules(model).items():
         if type(module) is nn.Linear and module.weight.dtype == torch.bfloat16:
