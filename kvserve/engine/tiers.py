@@ -133,14 +133,14 @@ class EngineTiers:
 
 def _fast_matmul(runner: Any) -> str | None:
     """The fast mode's float matmul that changes a block's last bits, if any."""
-    from kvserve.model.quant.dense_bf16_linear import dense_bf16_available
     from kvserve.model.quant.onednn_linear import onednn_available
+    from kvserve.model.quant.panel_linear import panels_available
 
     dtype, device, exact = runner.dtype, runner.device, runner.exact
+    if panels_available(dtype, device, exact):  # kvserve's kernels on the weights' panels
+        return "panels-" + str(dtype).removeprefix("torch.")
     if str(dtype) == "torch.float32" and onednn_available(dtype, device, exact):
         return "onednn-packed"
-    if dense_bf16_available(dtype, device, exact):
-        return "dense-bf16-panels"  # the panels' sums (the row-major kernel's differed)
     return None
 
 

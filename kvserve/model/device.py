@@ -121,11 +121,11 @@ def cpu_dtype_reason(
     cpu: CpuFeatures,
     quantization: str,
     exact: bool = False,
-    dense_bf16: bool = False,
+    panels: bool = False,
 ) -> str:
     """The start-up line's words on the CPU: the CPU, its features, the dtype and why, and
-    whether float32's matmuls are the fast (packed) or the exact ones (`dense_bf16`:
-    bfloat16's run kvserve's kernel, kvserve.model.quant.dense_bf16_linear)."""
+    whether the float matmuls are the fast ones (`panels`: kvserve's kernels,
+    kvserve.model.quant.panel_linear; else float32's packed for oneDNN) or the exact ones."""
     chosen = str(dtype).removeprefix("torch.")
     if name != "auto":
         why = "as asked"
@@ -135,13 +135,11 @@ def cpu_dtype_reason(
         why = "auto; --dtype bfloat16 runs faster on this CPU"
     else:
         why = "auto: the fastest without native bfloat16"
-    if dtype == torch.float32 and quantization == "none":
-        why += (
-            "; exact: transformers' matmuls"
-            if exact
-            else "; matmuls packed for oneDNN (--exact: transformers' bits)"
-        )
-    if dense_bf16:
-        why += "; matmuls on kvserve's AVX-512 BF16 kernel (--exact: transformers' bits)"
+    fast = "(--exact: transformers' bits)"
+    if panels:
+        kind = "AVX-512 BF16" if dtype == torch.bfloat16 else "float32"
+        why += f"; matmuls on kvserve's {kind} kernel {fast}"
+    elif dtype == torch.float32 and quantization == "none":
+        why += "; exact: transformers' matmuls" if exact else f"; matmuls packed for oneDNN {fast}"
     packed = f"; {PACKED_DTYPE_WHY}" if quantization != "none" else ""
     return f"CPU: {cpu.describe()}; dtype {chosen} ({why}){packed}"

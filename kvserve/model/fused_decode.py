@@ -9,11 +9,11 @@ compare the two paths' logits bit for bit).
 It is planned once per model by the CPU runner, and only where every layer is the plain
 pre-norm decoder (DecoderLayer, DecoderAttention without q/k norms or soft-capping,
 GatedMLP with SiLU, RMSNorm) with packed projections (kvserve.model.quant: int4, int8,
-gguf) or bfloat16 ones on kvserve's kernel (dense_bf16_linear), and a full rotary
+gguf) or float ones on kvserve's kernels (panel_linear), and a full rotary
 embedding; without LoRA adapters. A step takes it only where the Python path would run
 those same kernels: every row a decode in batch order (the attention metadata's
 `whole_batch`, with the C kernel's bounds), fewer rows than the packed layers' threshold
-(DENSE_ROWS; bfloat16 layers have none), bfloat16 or a fast float32 step, caches of
+(DENSE_ROWS; panel layers have none), bfloat16 or a fast float32 step, caches of
 the rows' dtype. Any other step runs the modules.
 """
 
@@ -31,7 +31,7 @@ from kvserve.model.cpu_kernels import attention, decode_layers
 from kvserve.model.cpu_kernels.decode_layers import DecodeLayers, Layer, Packed, Reads, Step
 from kvserve.model.cpu_kernels.float32_scope import float32_on
 from kvserve.model.layers.common import GatedMLP, RMSNorm
-from kvserve.model.quant.dense_bf16_linear import DenseBf16Linear
+from kvserve.model.quant.panel_linear import PanelLinear
 from kvserve.model.quant.quant_linear import DENSE_ROWS, PackedLinear
 
 if TYPE_CHECKING:
@@ -51,17 +51,18 @@ def plan_fused_decode(
     return ", a decode step's layers in one call" if model.fused_decode else ""
 
 
-def _packed(linear: PackedLinear | DenseBf16Linear, dtype: torch.dtype) -> Packed | None:
+def _packed(linear: PackedLinear | PanelLinear, dtype: torch.dtype) -> Packed | None:
     """The projection's C arguments, or None where the call cannot take its tensors."""
-    if isinstance(linear, DenseBf16Linear):  # quant_matmul's bits 16: the weight in panels
+    if isinstance(linear, PanelLinear):  # quant_matmul's bits 16 or 32: weights in panels
         panels, bias = linear.panels, linear.bias
-        if dtype != torch.bfloat16 or not panels.is_contiguous() or panels.device.type != "cpu":
+        if dtype != panels.dtype or not panels.is_contiguous() or panels.device.type != "cpu":
             return None
         if bias is not None and (bias.dtype != dtype or not bias.is_contiguous()):
             return None
         ptr = None if bias is None else bias.data_ptr()
         shape = (linear.out_features, linear.in_features)
-        return Packed(panels.data_ptr(), None, None, ptr, *shape, 16, 0)
+        bits = 16 if dtype == torch.bfloat16 else 32
+        return Packed(panels.data_ptr(), None, None, ptr, *shape, bits, 0)
     tensors = [linear.codes, linear.scales, linear.offsets, linear.bias]
     if not all(t is None or (t.is_contiguous() and t.device.type == "cpu") for t in tensors):
         return None
@@ -131,7 +132,7 @@ class FusedDecode:
                 return None
             modules = [getattr(attn, "qkv_proj", None), attn.o_proj]
             modules += [getattr(mlp, "gate_up_proj", None), mlp.down_proj]
-            linears = [p for p in modules if isinstance(p, PackedLinear | DenseBf16Linear)]
+            linears = [p for p in modules if isinstance(p, PackedLinear | PanelLinear)]
             limits |= {DENSE_ROWS[dtype] for p in linears if isinstance(p, PackedLinear)}
             packed = [s for s in (_packed(p, dtype) for p in linears) if s is not None]
             if len(packed) != len(modules):
@@ -158,7 +159,7 @@ class FusedDecode:
         if library is None or library.kernels(dtype) is None:
             return None
         array = (Layer * len(structs))(*structs)
-        rows = min(limits, default=sys.maxsize)  # DenseBf16Linear runs its kernel at any rows
+        rows = min(limits, default=sys.maxsize)  # PanelLinear: its kernel at any rows
         return cls(library, array, shapes, dtype, eps.pop(), scale.pop(), rows)
 
     def run(

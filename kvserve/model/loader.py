@@ -7,10 +7,10 @@ shape is checked against it before any tensor is read, and the tensors are
 then assigned directly in the target dtype and device: no random init, no
 second copy. The projections that read one input are then stacked into one
 layer each (kvserve.model.quant.fusion), quantization packs what it packs, and
-float linear layers on the CPU get their weights pre-packed for oneDNN
-(kvserve.model.quant.onednn_linear), except bfloat16 ones outside the exact mode on a
-CPU with AVX-512 BF16, packed in panels for kvserve's kernel
-(kvserve.model.quant.dense_bf16_linear).
+float linear layers on the CPU get their weights packed once: outside the exact mode
+in panels for kvserve's kernels (kvserve.model.quant.panel_linear: float32 on AVX2 or
+AVX-512, bfloat16 on AVX-512 BF16), else for oneDNN (kvserve.model.quant.onednn_linear;
+float32 in the exact mode stays F.linear's).
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ from kvserve.model.checkpoint.gguf_weights import gguf_state_dict, locate_tensor
 from kvserve.model.checkpoint.resolve import resolve_checkpoint
 from kvserve.model.checkpoint.weight_check import check_weights
 from kvserve.model.models import DecoderForCausalLM, model_class
-from kvserve.model.quant.dense_bf16_linear import dense_bf16_available, use_dense_bf16
 from kvserve.model.quant.fusion import fuse_projections
 from kvserve.model.quant.gguf_blocks import gguf_packed_layers
 from kvserve.model.quant.onednn_linear import onednn_available, pack_linears
+from kvserve.model.quant.panel_linear import panels_available, use_panels
 from kvserve.model.quant.quant_linear import Int4Linear, packed_bytes
 from kvserve.model.quant.quantize import (
     QuantSummary,
@@ -104,8 +104,8 @@ def load_model(
     if quantization != "none":
         summary.bytes = packed_bytes(model)
         logger.info(summary.describe())
-    if dense_bf16_available(dtype, device, exact):  # every matmul on kvserve's kernel
-        use_dense_bf16(model)
+    if panels_available(dtype, device, exact):  # every matmul on kvserve's kernel
+        use_panels(model, dtype)
     elif onednn_available(dtype, device, exact):  # no per-call weight reorder (onednn_linear)
         pack_linears(model, dtype)
     model.requires_grad_(False)

@@ -62,7 +62,7 @@ from kvserve.model.memory.kv_memory import allocate_kv_caches, cpu_kv_cache_memo
 from kvserve.model.memory.layer_groups import GroupLayout, group_layers
 from kvserve.model.models import DecoderForCausalLM
 from kvserve.model.pooling.pooler import Pooler, attach_pooled
-from kvserve.model.quant.dense_bf16_linear import DenseBf16Linear
+from kvserve.model.quant.panel_linear import PanelLinear
 from kvserve.model.sampling.grammar_mask import apply_grammar
 from kvserve.model.sampling.logprobs import token_logprobs
 from kvserve.model.sampling.penalties import apply_penalties
@@ -191,8 +191,8 @@ class ModelRunner:
             f"tokens ({mib:.1f} MiB) on {self.device}, {kind}, {len(self.kv_cache_specs)} group(s)"
         )
         if cpu is not None:  # said once the model loaded: a load error stays one line
-            dense = any(isinstance(m, DenseBf16Linear) for m in model.modules())
-            logger.info(cpu_dtype_reason(dtype, self.dtype, cpu, quantization, self.exact, dense))
+            panels = any(isinstance(m, PanelLinear) for m in model.modules())
+            logger.info(cpu_dtype_reason(dtype, self.dtype, cpu, quantization, self.exact, panels))
             kept = ", freed memory kept (glibc)" if keep_freed_memory() else ""
             self.cpu_kernels = enable_cpu_kernels(self.dtype, self.exact)
             fused = plan_fused_decode(model, self.dtype, self.cpu_kernels, self.lora)

@@ -103,9 +103,11 @@ def test_auto_is_float32_on_every_cpu(cpu):
     assert line.endswith("; matmuls packed for oneDNN (--exact: transformers' bits))")
     exact = cpu_dtype_reason("auto", torch.float32, cpu, "none", exact=True)
     assert exact.endswith("; exact: transformers' matmuls)")
-    dense = cpu_dtype_reason("bfloat16", torch.bfloat16, cpu, "none", dense_bf16=True)
+    dense = cpu_dtype_reason("bfloat16", torch.bfloat16, cpu, "none", panels=True)
     assert dense.endswith("; matmuls on kvserve's AVX-512 BF16 kernel (--exact: "
                           "transformers' bits))")  # fmt: skip
+    dense = cpu_dtype_reason("auto", torch.float32, cpu, "none", panels=True)
+    assert dense.endswith("; matmuls on kvserve's float32 kernel (--exact: transformers' bits))")
     assert "kernel" not in cpu_dtype_reason("bfloat16", torch.bfloat16, cpu, "none")
 
 

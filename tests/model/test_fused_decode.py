@@ -17,15 +17,19 @@ from kvserve.engine.engine_args import EXACT_ENV
 from kvserve.model import ModelRunner
 from kvserve.model.cpu_kernels import quant_matmul
 from kvserve.model.fused_decode import FusedDecode
-from kvserve.model.quant.dense_bf16_linear import DenseBf16Linear
+from kvserve.model.quant.panel_linear import PanelLinear
 from kvserve.sampling_params import SamplingParams
 from tests.model.gguf_files import write_gguf
 from tests.model.model_driver import Driver, Request, prompt
 
 NEW = 12
 quant_matmul.enable()
-DENSE_BF16 = (kernel := quant_matmul.kernel()) is not None and kernel.dense_bf16
-"""Whether this CPU runs bfloat16 layers' few-row calls on kvserve's kernel."""
+KERNEL = quant_matmul.kernel()
+PANELS = {
+    "bfloat16": KERNEL is not None and KERNEL.dense_bf16,
+    "float32": KERNEL is not None and KERNEL.dense_f32,
+}
+"""Whether this CPU runs float layers of each dtype on kvserve's kernels (panel_linear)."""
 SHAPES = [(5, 0), (11, 0), (3, 2), (17, 4), (9, 4)]
 """(prompt length, arrival step): rows join while others decode, so batches of 1 to 5 rows
 and contexts of different lengths meet in one step."""
@@ -105,23 +109,24 @@ def test_a_sliding_window_model_takes_the_call(dense_checkpoints):
     assert_same_bits_both_ways(runner)
 
 
-@pytest.mark.skipif(not DENSE_BF16, reason="no AVX-512 BF16 kernel on this CPU")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_bfloat16_float_weights_take_the_call(checkpoints, arch):
-    """Unquantized bfloat16 layers (DenseBf16Linear: kvserve's kernel on the weights'
-    panels, in the modules and in the call alike); Qwen2's tied lm_head packs the embeddings."""
-    runner = runner_for(checkpoints[arch].path, "none", "bfloat16")
+def test_float_weights_take_the_call(checkpoints, arch, dtype):
+    """Unquantized layers (PanelLinear: kvserve's kernel on the weights' panels, in the
+    modules and in the call alike); Qwen2's tied lm_head packs the embeddings."""
+    if not PANELS[dtype]:
+        pytest.skip(f"no {dtype} panel kernel on this CPU")
+    runner = runner_for(checkpoints[arch].path, "none", dtype)
     assert runner.model is not None
-    assert isinstance(runner.model.model.layers[0].mlp.down_proj, DenseBf16Linear)
+    assert isinstance(runner.model.model.layers[0].mlp.down_proj, PanelLinear)
     assert_same_bits_both_ways(runner)
 
 
 def test_what_the_call_does_not_cover_keeps_the_modules(checkpoints):
-    """Not planned: float32 weights (no packed projections), bfloat16 ones in the exact
-    mode (oneDNN's F.linear bits), Qwen3 (q/k norms), an exact float32 runner (torch's
-    ops, not the kernels)."""
+    """Not planned: float weights in the exact mode (F.linear's bits), Qwen3 (q/k norms),
+    an exact float32 runner (torch's ops, not the kernels)."""
     for path, mode, dtype, exact in [
-        (checkpoints["llama"].path, "none", "float32", False),
+        (checkpoints["llama"].path, "none", "float32", True),
         (checkpoints["llama"].path, "none", "bfloat16", True),
         (checkpoints["qwen3"].path, "int4", "bfloat16", False),
         (checkpoints["llama"].path, "int4", "float32", True),

@@ -39,7 +39,8 @@ call). Files:
                     keeps them off); quant_dequantize.c and .h: the weights as floats;
                     dense_bf16.h: bits 16, bfloat16 weights in panels (16 output
                     columns, input pairs interleaved) times bfloat16 rows on AVX-512
-                    BF16 (a bfloat16 model's every matmul)
+                    BF16; dense_f32.h: bits 32, float32 panels on AVX-512 or AVX2
+                    (a float model's every matmul outside the exact mode)
     quant_layout.py, quant_layout.h  its weight layout (windows of 16 blocks, 8 steps of
                     4 columns), packed and unpacked with torch; the C side's constants
     decode_layers.c, decode_layers.py  a decode step's decoder layers in one call:

@@ -1,12 +1,12 @@
 /* bfloat16 weights (no quantization) times bfloat16 input rows, on AVX-512 BF16's dot
  * products (kvserve/model/cpu_kernels): every call of a bfloat16 model's linear layers,
- * decode steps and prefills alike (kvserve/model/quant/dense_bf16_linear.py).
+ * decode steps and prefills alike (kvserve/model/quant/panel_linear.py).
  *
  * Why by hand: the fused decode (decode_layers.c) runs a step's layers as one C call, and
  * oneDNN's matmul (torch's F.linear) is not a C function it can call; F.linear also reorders
  * the weight on every call. The weight is packed once instead, much as oneDNN packs its own.
  *
- * Layout ("panels", dense_bf16_linear.pack_panels): the weight [N, K] as [N16 / 16][K2 / 2]
+ * Layout ("panels", panel_linear.pack_panels): the weight [N, K] as [N16 / 16][K2 / 2]
  * [16][2], N16 and K2 N and K rounded up to 16 and 2 with zeros: a panel is 16 output columns,
  * each 64-byte line their 16 pairs of weights for columns k, k + 1. One vdpbf16ps adds a
  * pair of input values (broadcast) times a line into 16 sums, one per output column: no

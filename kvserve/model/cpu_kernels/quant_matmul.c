@@ -181,6 +181,7 @@ static inline __attribute__((always_inline)) void window_rows(
 #include "quant_matmul_plain.h"
 #define PATH_NAME "portable"
 #endif
+#include "dense_f32.h"
 
 /* window_rows with the codes' kind and the tile's rows as constants, each compiled on its own
  * so that its accumulators live in registers: 4 bits packed (two codes a byte), 4 bits
@@ -211,6 +212,15 @@ int quant_matmul_dense_bf16(void) {
 #endif
 }
 
+/* Whether this build runs bits 32 (float32 weights in panels: dense_f32.h). */
+int quant_matmul_dense_f32(void) {
+#if DENSE_F32
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 #if !PATH_AMX
 int quant_matmul_tiles(int on) { return on * 0; } /* no AMX tiles in this build */
 #endif
@@ -218,7 +228,8 @@ int quant_matmul_tiles(int on) { return on * 0; } /* no AMX tiles in this build 
 /* out [M, N] = x [M, K] @ W.T, x and out float32 or bfloat16 (x_bf16).
  * bits 4: codes [N, K/2], scales and offsets [N, K/32] (float16 when scales_f16; offsets
  * may be NULL). bits 8: codes [N, K], scales [N] float32. K a multiple of 64.
- * bits 16: codes are bfloat16 weights in panels (dense_bf16.h; any K, no scales), x and out bfloat16.
+ * bits 16 and 32: codes are bfloat16 or float32 weights in panels (dense_bf16.h, dense_f32.h;
+ * any K, no scales), x and out of the same dtype.
  * Returns 0, or -1 when the shapes are not what this kernel runs, -2 when out of memory. */
 int quant_matmul(const void *x, void *out, int x_bf16, int64_t M, int64_t N, int64_t K,
                  const uint8_t *codes, int bits, const void *scales, const void *offsets,
@@ -227,6 +238,14 @@ int quant_matmul(const void *x, void *out, int x_bf16, int64_t M, int64_t N, int
 #if DENSE_BF16
         if (!x_bf16 || M < 0 || N < 0 || K <= 0) return -1;
         return dense_bf16_matmul(x, out, M, N, K, (const uint16_t *)codes, threads);
+#else
+        return -1;
+#endif
+    }
+    if (bits == 32) {
+#if DENSE_F32
+        if (x_bf16 || M < 0 || N < 0 || K <= 0) return -1;
+        return dense_f32_matmul(x, out, M, N, K, (const float *)codes, threads);
 #else
         return -1;
 #endif

@@ -67,7 +67,9 @@ class QuantMatmul:
         """avx512-vnni, avx2-vnni, avx2 or portable."""
         self._tiles = function(library, "quant_matmul_tiles", _I, _I)
         self.dense_bf16: bool = bool(function(library, "quant_matmul_dense_bf16", _I)())
-        """Whether `dense` runs here (AVX-512 BF16: dense_bf16.h)."""
+        """Whether `dense` runs bfloat16 panels here (AVX-512 BF16: dense_bf16.h)."""
+        self.dense_f32: bool = bool(function(library, "quant_matmul_dense_f32", _I)())
+        """Whether `dense` runs float32 panels here (AVX-512 or AVX2: dense_f32.h)."""
         self.tile_rows: int = self.use_tiles(os.environ.get(AMX_ENV, "1") != "0")
         """The input rows from which a call runs on AMX tiles in bfloat16; 0: never."""
 
@@ -120,26 +122,30 @@ class QuantMatmul:
         return out
 
     def dense(self, x: torch.Tensor, panels: torch.Tensor, out_features: int) -> torch.Tensor:
-        """x [M, K] times a bfloat16 weight [N, K] held in panels (dense_bf16_linear's
-        `pack_panels`), transposed: [M, N] bfloat16 (x contiguous bfloat16; `dense_bf16`
-        says whether this CPU runs it)."""
-        count, pairs = panels.shape[:2]
-        if panels.dtype != torch.bfloat16 or (count * 16 - out_features) not in range(16):
-            raise ValueError(f"dense: panels {tuple(panels.shape)} hold no {out_features} rows")
-        if x.dtype != torch.bfloat16 or (pairs * 2 - x.shape[1]) not in range(2):
+        """x [M, K] times a bfloat16 or float32 weight [N, K] held in panels (panel_linear's
+        `pack_panels`), transposed: [M, N] in the panels' dtype (x contiguous, of that
+        dtype; `dense_bf16` and `dense_f32` say whether this CPU runs it)."""
+        count, lines, _, width = panels.shape
+        if panels.dtype not in (torch.bfloat16, torch.float32) or (
+            count * 16 - out_features not in range(16)
+        ):
+            raise ValueError(f"dense: {panels.dtype} panels {tuple(panels.shape)} hold no "
+                             f"{out_features} rows")  # fmt: skip
+        if x.dtype != panels.dtype or (lines * width - x.shape[1]) not in range(width):
             raise ValueError(f"dense: a {tuple(x.shape)} {x.dtype} input for panels "
                              f"{tuple(panels.shape)}")  # fmt: skip
-        out = torch.empty(x.shape[0], out_features, dtype=torch.bfloat16)
-        args = (x.data_ptr(), out.data_ptr(), 1, x.shape[0], out_features, x.shape[1],
-                panels.data_ptr(), 16, None, None, 0, torch.get_num_threads())  # fmt: skip
+        out = torch.empty(x.shape[0], out_features, dtype=x.dtype)
+        bf16, threads = x.dtype == torch.bfloat16, torch.get_num_threads()
+        args = (x.data_ptr(), out.data_ptr(), int(bf16), x.shape[0], out_features, x.shape[1],
+                panels.data_ptr(), 16 if bf16 else 32, None, None, 0, threads)  # fmt: skip
         if profiler._is_profiler_enabled:
-            with torch.profiler.record_function("kvserve::dense_bf16"):
+            with torch.profiler.record_function("kvserve::dense_panels"):
                 status = self._fn(*args)
         else:
             status = self._fn(*args)
         if status != 0:
             raise RuntimeError(f"quant_matmul: a {tuple(x.shape)} input it cannot run "
-                               f"(bfloat16 panels {tuple(panels.shape)})")  # fmt: skip
+                               f"({panels.dtype} panels {tuple(panels.shape)})")  # fmt: skip
         return out
 
     def dequantize(

@@ -111,8 +111,9 @@ def kv_fingerprint(
     matmul: str | None = None,
 ) -> bytes:
     """32 bytes naming everything a stored block's meaning depends on (`matmul`: the fast
-    mode's float matmuls, whose last bits differ from the exact mode's: "onednn-packed"
-    for float32, "dense-bf16" for bfloat16's few-row calls; None: the exact mode's)."""
+    mode's float matmuls, whose last bits differ from the exact mode's: "panels-float32"
+    or "panels-bfloat16" on kvserve's kernels, "onednn-packed" for float32 on oneDNN's;
+    None: the exact mode's)."""
     described: dict[str, object] = {
         "version": FORMAT_VERSION,
         "model": weights_digest(model_dir),

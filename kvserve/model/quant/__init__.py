@@ -14,10 +14,10 @@ int8 activations times the codes, VNNI or AVX2), in the engine's dtype. Files:
                     int8 or int4 rows), or run one by one where they cannot stack
     onednn_linear.py bfloat16 and float32 linear layers (and a tied lm_head) with
                     their weights pre-packed for oneDNN on the CPU, no per-call
-                    weight reorder: F.linear's bits in bfloat16; float32 only
-                    outside the exact mode; packed modes left alone
-    dense_bf16_linear.py bfloat16 linear layers outside the exact mode on a CPU with
-                    AVX-512 BF16: weights packed once in panels, every call on
-                    cpu_kernels' dense_bf16.h, so the fused decode takes bfloat16
-                    models too
+                    weight reorder, where panel_linear's kernels do not run:
+                    F.linear's bits in bfloat16; packed modes left alone
+    panel_linear.py bfloat16 (AVX-512 BF16) and float32 (AVX-512 or AVX2) linear
+                    layers outside the exact mode: weights packed once in panels,
+                    every call on cpu_kernels' dense_bf16.h or dense_f32.h, so the
+                    fused decode takes float models too
 """

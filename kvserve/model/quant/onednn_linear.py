@@ -1,6 +1,7 @@
-"""Linear layers with their weights pre-packed for oneDNN, on the CPU: bfloat16 where
-kvserve's own kernel does not take them (the exact mode, or a CPU without AVX-512 BF16:
-kvserve.model.quant.dense_bf16_linear), float32 unless the engine runs in its exact mode.
+"""Linear layers with their weights pre-packed for oneDNN, on the CPU, where kvserve's own
+kernels do not take them (kvserve.model.quant.panel_linear): bfloat16 in the exact mode or
+on a CPU without AVX-512 BF16, float32 outside the exact mode on a CPU with neither AVX2
+nor AVX-512.
 
 torch's `F.linear` on the CPU hands the weight in its plain row-major layout to
 the matmul library, which copies it into its blocked layout on every call

@@ -1,6 +1,7 @@
 """Linear layers pre-packed for oneDNN: F.linear's bits in bfloat16, every layer of a
-bfloat16 CPU model packed (a tied lm_head too); float32 packed too unless exact, its logits
-within rounding of the exact mode's; quantized models as they were."""
+bfloat16 CPU model packed (a tied lm_head too); float32 packed too unless exact (on
+kvserve's panels where its kernel runs, else oneDNN's), its logits within rounding of the
+exact mode's; quantized models as they were."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from torch import nn
 
 from kvserve.engine.engine_args import EXACT_ENV
 from kvserve.model import ModelRunner, loader
-from kvserve.model.quant.dense_bf16_linear import dense_bf16_available
 from kvserve.model.quant.onednn_linear import OneDNNLinear, onednn_available
+from kvserve.model.quant.panel_linear import PanelLinear, panels_available
 from kvserve.model.quant.quant_linear import PackedLinear
 from tests.model.model_driver import prompt
 from tests.model.quant.teacher_forcing import teacher_forced_logits
@@ -46,7 +47,8 @@ def runner(path: str, dtype: str, quantization: str = "none", exact: bool = Fals
 
 
 def kinds(model: nn.Module) -> set[type]:
-    return {type(m) for m in model.modules() if isinstance(m, nn.Linear | OneDNNLinear)}
+    linears = nn.Linear | OneDNNLinear | PanelLinear
+    return {type(m) for m in model.modules() if isinstance(m, linears)}
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])  # biases and an own lm_head; tied
@@ -65,16 +67,23 @@ def test_a_bfloat16_model_is_packed_and_its_logits_keep_their_bits(checkpoints, 
     )
 
 
+@pytest.mark.parametrize("kernel", ["panels", "onednn"])
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_float32_is_packed_unless_exact_and_its_logits_stay_within_rounding(
-    checkpoints, arch, monkeypatch
+    checkpoints, arch, kernel, monkeypatch
 ):
     monkeypatch.delenv(EXACT_ENV)  # the suite runs exact; the users' default is not
+    cpu = torch.device("cpu")
+    if kernel == "onednn":  # what a CPU without kvserve's float32 kernel packs
+        monkeypatch.setattr(loader, "panels_available", lambda dtype, device, exact: False)
+    elif not panels_available(torch.float32, cpu, exact=False):
+        pytest.skip("no float32 panel kernel on this CPU")
     path = checkpoints[arch].path
     fast = runner(path, "float32")
     exact = runner(path, "float32", exact=True)
     assert fast.model is not None and exact.model is not None
-    assert kinds(fast.model) == {OneDNNLinear} and not fast.exact
+    packed = PanelLinear if kernel == "panels" else OneDNNLinear
+    assert kinds(fast.model) == {packed} and not fast.exact
     assert kinds(exact.model) == {nn.Linear} and exact.exact
     fast_logits = teacher_forced_logits(fast, PROMPT, fast.model)
     exact_logits = teacher_forced_logits(exact, PROMPT, exact.model)
@@ -98,10 +107,10 @@ def test_packed_float32_keys_its_tiers_apart_from_the_exact_mode(checkpoints, mo
     exact = fingerprint("float32", exact=True)
     assert fingerprint("float32", exact=False) != exact  # other last bits: other blocks
     assert fingerprint("float32", exact=True) == exact
-    # bfloat16 packs with F.linear's bits, but its fast mode's few-row calls run kvserve's
-    # kernel where the CPU has AVX-512 BF16 (dense_bf16_linear): other blocks there
+    # bfloat16 packs with F.linear's bits, but its fast mode runs kvserve's kernel where
+    # the CPU has AVX-512 BF16 (panel_linear): other blocks there
     fast, exact_bf16 = fingerprint("bfloat16", exact=False), fingerprint("bfloat16", exact=True)
-    assert (fast != exact_bf16) == dense_bf16_available(torch.bfloat16, torch.device("cpu"), False)
+    assert (fast != exact_bf16) == panels_available(torch.bfloat16, torch.device("cpu"), False)
 
 
 def test_quantized_models_are_left_alone(checkpoints, monkeypatch):
