@@ -96,10 +96,10 @@ class EngineArgs:
     )
     exact: bool = field(
         default=False,
-        metadata=_help("CPU float32: matmuls as transformers computes them (F.linear, token for "
-                       "token its output) instead of the default's weights packed for oneDNN "
-                       "(faster; the last bits differ, so a near tie can pick another token); "
-                       "KVSERVE_EXACT=1 turns it on too"),
+        metadata=_help("CPU float32 and bfloat16: matmuls as transformers computes them "
+                       "(F.linear, token for token its output) instead of the default's weights "
+                       "packed for kvserve's kernels (faster; the last bits differ, so a near "
+                       "tie can pick another token); KVSERVE_EXACT=1 turns it on too"),
     )  # fmt: skip
     quantization: str = field(
         default="none",

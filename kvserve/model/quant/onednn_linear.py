@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from kvserve.engine.engine_args import exact_from_env
-from kvserve.model.quant.quantize import linear_modules, replace_module
+from kvserve.model.quant.quantize import swap_float_linears
 
 LINEAR = torch.ops.mkldnn._linear_pointwise.default
 """The packed matmul's overload, resolved once."""
@@ -79,13 +79,4 @@ def pack_linears(model: nn.Module, dtype: torch.dtype) -> int:
     """Swap every plain nn.Linear of `dtype` (and a tied lm_head, as a packed copy of the
     embeddings) for a OneDNNLinear; the number of layers packed. The caller checks
     `onednn_available` first."""
-    count = 0
-    for name, module in linear_modules(model).items():
-        if type(module) is nn.Linear and module.weight.dtype == dtype:
-            replace_module(model, name, OneDNNLinear(module.weight, module.bias))
-            count += 1
-    embeddings = model.get_parameter("model.embed_tokens.weight")
-    if getattr(model, "lm_head", None) is None and embeddings.dtype == dtype:
-        replace_module(model, "lm_head", OneDNNLinear(embeddings, None))
-        count += 1
-    return count
+    return swap_float_linears(model, dtype, OneDNNLinear)

@@ -23,7 +23,7 @@ from torch import nn
 
 from kvserve.engine.engine_args import exact_from_env
 from kvserve.model.cpu_kernels import quant_matmul
-from kvserve.model.quant.quantize import linear_modules, replace_module
+from kvserve.model.quant.quantize import swap_float_linears
 
 PANEL = 16
 """Output columns a panel holds (one AVX-512 vector of float32 sums)."""
@@ -97,13 +97,4 @@ def panels_available(dtype: torch.dtype, device: torch.device, exact: bool) -> b
 def use_panels(model: nn.Module, dtype: torch.dtype) -> int:
     """Swap every plain nn.Linear of `dtype` (and a tied lm_head, packed from the embeddings)
     for a PanelLinear; the number swapped. The caller checks `panels_available` first."""
-    count = 0
-    for name, module in linear_modules(model).items():
-        if type(module) is nn.Linear and module.weight.dtype == dtype:
-            replace_module(model, name, PanelLinear(module.weight, module.bias))
-            count += 1
-    embeddings = model.get_parameter("model.embed_tokens.weight")
-    if getattr(model, "lm_head", None) is None and embeddings.dtype == dtype:
-        replace_module(model, "lm_head", PanelLinear(embeddings, None))
-        count += 1
-    return count
+    return swap_float_linears(model, dtype, PanelLinear)

@@ -28,6 +28,7 @@ row to int8 in blocks of 32. On CUDA every mode but none is refused.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -112,6 +113,25 @@ def packing_targets(model: nn.Module) -> dict[str, tuple[str, torch.Tensor | Non
 def replace_module(model: nn.Module, name: str, module: nn.Module) -> None:
     parent, _, child = name.rpartition(".")
     setattr(model.get_submodule(parent) if parent else model, child, module)
+
+
+def swap_float_linears(
+    model: nn.Module,
+    dtype: torch.dtype,
+    make: Callable[[torch.Tensor, torch.Tensor | None], nn.Module],
+) -> int:
+    """Swap every plain nn.Linear of `dtype` for make(weight, bias), and a tied lm_head for
+    make(embeddings, None) (a packed copy: the lookup keeps the rows); the number swapped."""
+    count = 0
+    for name, module in linear_modules(model).items():
+        if type(module) is nn.Linear and module.weight.dtype == dtype:
+            replace_module(model, name, make(module.weight, module.bias))
+            count += 1
+    embeddings = model.get_parameter("model.embed_tokens.weight")
+    if getattr(model, "lm_head", None) is None and embeddings.dtype == dtype:
+        replace_module(model, "lm_head", make(embeddings, None))
+        count += 1
+    return count
 
 
 def quantize_model(model: nn.Module, mode: str) -> QuantSummary:
