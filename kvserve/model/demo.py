@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from kvserve.model.checkpoint.cache_root import default_cache_root
 from kvserve.model.checkpoint.config import ModelConfig
 from kvserve.model.demo_text import DEMO_TEXT
 from kvserve.model.models import Qwen3ForCausalLM
@@ -55,11 +56,6 @@ DEMO_CONFIG: dict[str, Any] = {
     "eos_token_id": 0,
     "torch_dtype": "float32",
 }
-
-
-def default_cache_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "kvserve"
 
 
 def ensure_demo_model(cache_dir: str | Path | None = None) -> str:

@@ -6,6 +6,12 @@ bad input with whatever numpy raises on the way (an index error, a reshape
 error), so the checks that give a clear message come first here: the magic,
 the version, that every tensor lies inside the file, and that the file is
 not one shard of a split model.
+
+The reader slices its memory map once per value, and slicing an `np.memmap`
+runs Python code (`__getitem__`, `__array_finalize__`) each time: a
+tokenizer's 49,152 strings and 48,900 merges took 2.2 s to index.
+`MappedReader` slices a plain ndarray view of the same mapping instead (0.7 s;
+the values and the tensors are the same bytes, still read lazily).
 """
 
 from __future__ import annotations
@@ -13,6 +19,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 from gguf import GGUFReader
 
 from kvserve.model.checkpoint.errors import ModelLoadError
@@ -20,6 +28,21 @@ from kvserve.model.checkpoint.errors import ModelLoadError
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
 """GGUF versions gguf-py reads (1 is from 2023 and long gone)."""
+
+
+class MappedReader(GGUFReader):
+    """gguf-py's reader, its values sliced from a plain view of the memory map (why: above)."""
+
+    def _get(
+        self, offset: int, dtype: npt.DTypeLike, count: int = 1, override_order: Any = None
+    ) -> npt.NDArray[Any]:
+        plain = self.__dict__.get("_plain")
+        if plain is None:  # `data` is the first thing the reader's __init__ sets
+            plain = self.__dict__["_plain"] = self.data.view(np.ndarray)
+        kind, count = np.dtype(dtype), int(count)
+        values = plain[offset : offset + kind.itemsize * count].view(kind)[:count]
+        order = self.byte_order if override_order is None else override_order
+        return values.view(values.dtype.newbyteorder(order))
 
 
 def open_gguf(path: str | Path) -> GGUFReader:
@@ -40,7 +63,7 @@ def open_gguf(path: str | Path) -> GGUFReader:
     if version is not None and version not in VERSIONS:
         raise ModelLoadError(f"{path} is GGUF version {version}; supported: {VERSIONS}")
     try:
-        reader = GGUFReader(path)
+        reader = MappedReader(path)
     except Exception as exc:  # the reader has no error type of its own
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ModelLoadError(

@@ -1,8 +1,9 @@
 """The checkpoint's own tokenizer, loaded from its directory or GGUF file, never from a hub.
 
 A GGUF file carries its tokenizer and chat template in its metadata, and
-transformers builds a tokenizer from them (with gguf-py). Tokenizer files
-next to the GGUF file win: they are what a user put there on purpose.
+transformers builds a tokenizer from them (with gguf-py), once per file:
+tokenizer_cache keeps what it built. Tokenizer files next to the GGUF file
+win: they are what a user put there on purpose.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from kvserve.model.checkpoint import tokenizer_cache
 from kvserve.model.checkpoint.config import ModelConfig, read_json
 from kvserve.model.checkpoint.gguf_config import TOKENIZER_MODEL_FIELD, TOKENIZER_MODEL_KEY
 from kvserve.model.checkpoint.gguf_file import field, open_gguf
@@ -42,17 +44,21 @@ def load_tokenizer(model_dir: str | Path, config: ModelConfig | None = None) -> 
         from transformers import AutoTokenizer
 
         return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
-    if config is not None:
-        kind = config.raw.get(TOKENIZER_MODEL_FIELD)
-    else:
-        kind = field(open_gguf(checkpoint.gguf), TOKENIZER_MODEL_KEY)
-    if kind is None:
-        return None
-    from transformers import AutoTokenizer
+    gguf = checkpoint.gguf
+    tokenizer = tokenizer_cache.load_saved(gguf)  # saved only for a file that has one
+    if tokenizer is None:
+        if config is not None:
+            kind = config.raw.get(TOKENIZER_MODEL_FIELD)
+        else:
+            kind = field(open_gguf(gguf), TOKENIZER_MODEL_KEY)
+        if kind is None:
+            return None
+        from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(
-        str(directory), gguf_file=checkpoint.gguf.name, local_files_only=True
-    )
+        tokenizer = AutoTokenizer.from_pretrained(
+            str(directory), gguf_file=gguf.name, local_files_only=True
+        )
+        tokenizer_cache.save(gguf, tokenizer)
     settings = directory / "tokenizer_config.json"
     if settings.exists():
         template = read_json(settings).get("chat_template")
