@@ -43,6 +43,15 @@ static inline void unpack_row(const uint8_t *packed, uint8_t *out, int64_t K) {
         uint8_t *dst = out + w * 512;
         for (int t = 0; t < STEPS; t++) {
             int j = 0;
+#if defined(__AVX512BW__)
+            if (n == 32) { /* a whole window's step: both halves of the codes in one store */
+                const __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(src + t * n)));
+                const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+                _mm512_storeu_si512(dst + t * 2 * n,
+                                    _mm512_and_si512(_mm512_srlv_epi16(v, shift), _mm512_set1_epi8(0x0f)));
+                continue;
+            }
+#endif
 #if defined(__AVX2__)
             const __m256i low = _mm256_set1_epi8(0x0f);
             for (; j + 32 <= n; j += 32) {

@@ -24,7 +24,8 @@
  * came in (a prompt prefilled after a cached prefix gets the bits an uncached prefill gets).
  * With more than 2 * TILE input rows a 4-bit weight row is first unpacked to a byte a code
  * (quant_layout.h's unpack_row), so its many passes load codes instead of shifting and
- * masking them each time: integer sums, so the same bits.
+ * masking them each time: integer sums, so the same bits. A change to the numbers bumps
+ * kvserve/model/memory/kv_io.py's PACKED_NUMBERS (the tiers' key for packed weights).
  */
 #include <math.h>
 #include <stdint.h>

@@ -19,6 +19,10 @@ from kvserve.kvcache.specs import KVCacheSpec
 from kvserve.model.checkpoint.resolve import resolve_checkpoint
 
 FORMAT_VERSION = 1
+PACKED_NUMBERS = 2
+"""The packed weights' kernel's numbers (cpu_kernels/quant_matmul.c), in a quantized
+engine's fingerprint: bumped when they change, so a tier never serves blocks another
+kernel computed (2: each input block's scale divided, not multiplied by 1/127)."""
 
 
 class KVBlockIO:
@@ -125,6 +129,7 @@ def kv_fingerprint(
     }
     if quantization != "none":  # packed weights compute other K/V; float keys stay as they were
         described["quantization"] = quantization
+        described["packed_numbers"] = PACKED_NUMBERS
     if matmul is not None and quantization == "none":  # the exact mode's keys as they were
         described["matmul"] = matmul
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).digest()

@@ -126,6 +126,44 @@ def test_bfloat16_rows_in_and_out(kernel):
     assert ((out.double() - expected).abs() <= expected.abs() * 2**-8 + 1e-6).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_inputs_round_to_int8_half_to_even_exactly(kernel, dtype):
+    """Inputs whose blocks scale by 1 and 2, with halves to round, against integer weights:
+    every sum is exact, so the output is the reference's to the bit, and a block rounded
+    half away from zero (or clamped, or summed wrong) would show."""
+    halves = [62.5, 63.5, -62.5, -0.5, 0.5, 1.5, 2.5, -2.5, 125.0, 126.5, -3.5, 7.5]
+    block0 = torch.tensor([127.0] + halves + [0.0] * (BLOCK - 1 - len(halves)))
+    block1 = 2 * block0  # scaled by 2: the same halves after the scaling
+    x = torch.stack([torch.cat([block0, block1]), torch.cat([-block1, block0.flip(0)])])
+    x = torch.cat([x, x], dim=1).to(dtype)  # 128 columns: 4 blocks, one short window
+    gen = torch.Generator().manual_seed(7)
+    codes = torch.randint(0, 16, (24, 128), generator=gen)
+    scales = torch.ones(24, 4, dtype=torch.float16)
+    offsets = torch.full((24, 4), -7.0, dtype=torch.float16)
+    out = kernel(x, pack(codes, 4), scales, offsets)
+    expected = reference(x.float(), codes, scales, offsets, 4)
+    assert torch.equal(out.float(), expected.to(dtype).float())
+
+
+def test_an_input_blocks_scale_is_its_largest_magnitude_divided_by_127(kernel):
+    """amax / 127 rounded once, as torch's division (0.985 / 127 is an ulp away from
+    0.985 times a rounded 1/127): with one block of the row non-zero and unit weights'
+    scales the output is that block's integer dot product times its scale, to the bit."""
+    gen = torch.Generator().manual_seed(8)
+    rows = []
+    for amax in (0.985, 0.937, 0.966, 0.5, 3.3):
+        block = torch.rand(BLOCK, generator=gen) * 2 * amax - amax
+        block[3] = -amax
+        rows.append(torch.cat([torch.zeros(BLOCK), block]))  # 64 columns: 2 blocks
+    x = torch.stack(rows)
+    codes = torch.randint(0, 16, (16, 64), generator=gen)
+    scales = torch.ones(16, 2, dtype=torch.float16)
+    out = kernel(x, pack(codes, 4), scales, torch.zeros(16, 2, dtype=torch.float16))
+    xq, dx = quantized_input(x)
+    dots = xq[:, 1] @ codes[:, BLOCK:].double().T  # exact integers
+    assert torch.equal(out, (dots * dx[:, 1:].double()).float())
+
+
 def batch_case(rows: int) -> tuple[torch.Tensor, list[tuple]]:
     """`rows` input rows, and (codes, scales, offsets) of 4-bit and 8-bit weights."""
     gen = torch.Generator().manual_seed(4)

@@ -18,6 +18,7 @@ from gguf import GGMLQuantizationType as T
 
 from kvserve import LLM
 from kvserve.model import ModelLoadError, ModelRunner
+from kvserve.model.memory import kv_io
 from kvserve.model.memory.kv_io import kv_fingerprint
 from kvserve.model.quant.quant_linear import Int4Linear, Int8Linear, PackedLinear
 from kvserve.model.quant.quantize import QUANTIZATIONS, linear_modules, replace_module
@@ -154,9 +155,14 @@ def test_modes_are_checked_with_one_line_errors(checkpoints):
     assert QUANTIZATIONS == ("none", "int8", "int4", "gguf")
 
 
-def test_the_tiers_fingerprint_tells_packed_weights_apart(checkpoints):
+def test_the_tiers_fingerprint_tells_packed_weights_apart(checkpoints, monkeypatch):
     """A disk tier written by a float engine must not serve an int4 one (other K/V)."""
     runner = runner_for(checkpoints["qwen3"].path)
     args = (runner.model_dir, runner.dtype, runner.kv_cache_specs, 4, "sha256", 0)
     prints = {mode: kv_fingerprint(*args, quantization=mode) for mode in QUANTIZATIONS}
     assert len(set(prints.values())) == len(QUANTIZATIONS)
+    # a change to the packed kernel's numbers is a change of key, for packed weights only
+    monkeypatch.setattr(kv_io, "PACKED_NUMBERS", kv_io.PACKED_NUMBERS + 1)
+    for mode in QUANTIZATIONS:
+        changed = kv_fingerprint(*args, quantization=mode) != prints[mode]
+        assert changed == (mode != "none"), mode
