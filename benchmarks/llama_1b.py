@@ -18,7 +18,8 @@ token ids for every engine, from the default model's tokenizer and chat template
    (`quantization="gguf"`: the Q4_0 blocks on kvserve's packed kernel, float32 or
    bfloat16 activations) and on the HF directory. Also the memory bound: a row's weight
    bytes read per token over the copy bandwidth measured here (torch `copy_` of 1 GiB
-   with the same threads, STREAM's convention: bytes read plus written); the Q4_0 rows are
+   with the same threads, STREAM's convention: bytes read plus written), measured again
+   before every run, as a virtual machine's moves from minute to minute; the Q4_0 rows are
    held to the file's bytes (kvserve's packing reads a few more).
 2. **Batched**: the same chats all at once through each engine's offline `LLM.generate`,
    kvserve against vLLM's CPU build on the HF directory (cpu_vs_vllm.py's workers and its
@@ -153,7 +154,6 @@ def one_at_a_time(args: argparse.Namespace, hf: Path, gguf_file: Path, work: Pat
     rows = (["llama.cpp"] if have_llama_cpp() and not args.skip_llama_cpp else []) + list(
         args.one_at_a_time
     )
-    copy = run_child(["copy", str(args.threads), str(args.repeat)], args.threads)["gbs"]
     results: dict[str, dict] = {}
     for round_ in range(args.rounds):  # the rows in opposite orders: a drifting machine
         order = rows if round_ % 2 == 0 else rows[::-1]  # weighs on every row alike
@@ -162,11 +162,19 @@ def one_at_a_time(args: argparse.Namespace, hf: Path, gguf_file: Path, work: Pat
                   file=sys.stderr, flush=True)  # fmt: skip
             model = gguf_file if row == "llama.cpp" or row.startswith("gguf") else hf
             argv = ["one", row, str(model), str(args.threads), str(work), str(args.repeat)]
+            # this machine's bandwidth drifts from minute to minute: measured before each run
+            copy = run_child(["copy", str(args.threads), str(args.repeat)], args.threads)["gbs"]
             r = run_child(argv, args.threads)
-            results.setdefault(row, {"seconds": [], "tokens": r["tokens"]})
+            results.setdefault(row, {"seconds": [], "copies": [], "tokens": r["tokens"]})
             results[row]["seconds"] += r["seconds"]
+            results[row]["copies"] += [copy] * len(r["seconds"])
+    copies = [c for r in results.values() for c in r["copies"]]
+    copy = statistics.median(copies)
     print(f"\nOne request at a time ({args.prompts} chats x {args.tokens} tokens), output "
-          f"tok/s; copy bandwidth {copy:.1f} GB/s with {args.threads} threads:\n"
+          f"tok/s; copy bandwidth {min(copies):.1f}-{max(copies):.1f} GB/s (median {copy:.1f}) "
+          f"with {args.threads} threads, measured before each run; the bound at the median, "
+          f"a row's share of it the median of its runs' shares, each against the copy "
+          f"measured before it:\n"
           f"{'row':<12} {'weights':<22} {'median':>8} {'best':>8} {'vs llama.cpp':>13} "
           f"{'bound':>8} {'of bound':>9}")  # fmt: skip
     base = results.get("llama.cpp")
@@ -176,11 +184,14 @@ def one_at_a_time(args: argparse.Namespace, hf: Path, gguf_file: Path, work: Pat
         rate = statistics.median(rates)
         size = weight_bytes(row, gguf_file)
         bound = copy * 1e9 / size
+        share = statistics.median(
+            rate_i / (c * 1e9 / size) for rate_i, c in zip(rates, r["copies"], strict=True)
+        )
         weights = f"{'Q4_0 GGUF' if row == 'llama.cpp' or row.startswith('gguf') else 'HF'}"
         weights += f", {size / 1e9:.2f} GB"
         ratio = f"{rate / base_rate:.2f}x" if base_rate else "-"
         print(f"{row:<12} {weights:<22} {rate:>8.2f} {max(rates):>8.2f} {ratio:>13} "
-              f"{bound:>8.2f} {rate / bound:>8.0%}")  # fmt: skip
+              f"{bound:>8.2f} {share:>8.0%}")  # fmt: skip
     if base is None:
         print("llama.cpp row skipped: `.venv/bin/pip install llama-cpp-python diskcache`")
 

@@ -74,6 +74,15 @@ static inline void prefetch_ahead(const uint8_t *codes, int64_t w, int64_t windo
     if (offsets) __builtin_prefetch((const char *)offsets + scale_at, 0, 2);
 }
 
+/* A prefill's next block of weight rows (their codes and scales), asked for before the
+ * current block is unpacked: without it the unpacking waits on memory, and a 17-row matmul
+ * of a 1B model's weights took 1.1x as long (an AMD EPYC, Zen 4, 2 threads). */
+static inline void prefetch_rows(const uint8_t *codes, const char *scales, int64_t rows,
+                                 int64_t row_bytes, int64_t row_scales) {
+    for (int64_t at = 0; at < rows * row_bytes; at += 64) __builtin_prefetch(codes + at, 0, 2);
+    for (int64_t at = 0; at < rows * row_scales; at += 64) __builtin_prefetch(scales + at, 0, 2);
+}
+
 #if PATH_AVX512
 /* 16 per-block factors in lane order: blocks b0.. in lanes 0..half-1, b0+half.. in 8.. */
 static inline __m512 lanes16(const void *s, int64_t b0, int half, int f16) {
@@ -288,6 +297,10 @@ int quant_matmul(const void *x, void *out, int x_bf16, int64_t M, int64_t N, int
 #pragma omp for schedule(static)
         for (int64_t n0 = 0; n0 < N; n0 += block) {
             const int64_t rows = N - n0 < block ? N - n0 : block;
+            const int64_t next = n0 + block, next_rows = N - next < block ? N - next : block;
+            if (unpacked && next_rows > 0) /* they arrive while this block runs */
+                prefetch_rows(codes + next * row_bytes, (const char *)scales + next * row_scales,
+                              next_rows, row_bytes, row_scales);
             for (int64_t j = 0; unpacked && j < rows; j++)
                 unpack_row(codes + (n0 + j) * row_bytes, unpacked + j * q.windows * 512, K);
             for (int64_t m1 = 0; m1 < M; m1 += chunk) {
