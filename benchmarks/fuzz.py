@@ -1,6 +1,7 @@
 """The differential fuzzer's long run: every request of a busy engine against itself alone.
 
 Run: .venv/bin/python benchmarks/fuzz.py [--minutes 60] [--seed 0] [--archs a,b]
+         [--dtype float32|bfloat16]
      .venv/bin/python benchmarks/fuzz.py --replay fuzz-findings.json
      .venv/bin/python benchmarks/fuzz.py --replay tests/fuzz/shrunk/NAME.json
 
@@ -14,7 +15,9 @@ seed); the KV cache's invariants are checked after every step. Findings
 (mismatch, hang, leak, duplicate, invariant, error) are shrunk to a minimal
 workload, printed, and written to `--out` as JSON for `--replay`. The table
 says what was exercised per architecture. Engines run the default (fast) float32
-matmuls; `KVSERVE_EXACT=1` fuzzes the exact mode. Packed weights (`--archs
+matmuls; `KVSERVE_EXACT=1` fuzzes the exact mode; `--dtype bfloat16` the bfloat16 engines
+(kvserve's AVX-512 BF16 kernels where the CPU has them) with a wider tie
+(tests/fuzz/differential.py's TIE_BFLOAT16). Packed weights (`--archs
 llama-int4,qwen2-int8`) run by name only, with a wider tie (tests/fuzz/models.py says why).
 """
 
@@ -63,6 +66,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path("fuzz-findings.json"),
                    help="findings with their minimal workloads (written only if any)")  # fmt: skip
     p.add_argument("--replay", type=Path, help="run the workloads of a findings file again")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="the engines' dtype (bfloat16: its fast kernels, a wider tie; "
+                        "give a replay the campaign's)")  # fmt: skip
     args = p.parse_args(argv)
     if args.minutes <= 0:
         p.error("--minutes must be positive")
@@ -91,15 +97,17 @@ def main(argv: list[str] | None = None) -> int:
             saved = json.loads(args.replay.read_text())  # findings, or one shrunk workload
             rows = saved if isinstance(saved, list) else [{"workload": saved}]
             workloads = [Workload.from_json(f["workload"]) for f in rows]
-            refs = References(fuzz_checkpoints(root, sorted({w.arch for w in workloads})))
+            refs = References(fuzz_checkpoints(root, sorted({w.arch for w in workloads})),
+                              args.dtype)  # fmt: skip
             for w in workloads:
                 findings = run_workload(w, refs)
                 print(f"{w.arch}: " + ("; ".join(map(str, findings)) or "no finding"))
             return 0
-        refs = References(fuzz_checkpoints(root, archs))
+        refs = References(fuzz_checkpoints(root, archs), args.dtype)
         header = (
             f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC  {machine_line()}, Python "
-            f"{platform.python_version()}; seed {args.seed}, {args.minutes:g} minutes"
+            f"{platform.python_version()}; seed {args.seed}, {args.minutes:g} minutes, "
+            f"{args.dtype}"
         )
         print(header, flush=True)
         bar = tqdm(total=int(args.minutes * 60), unit="s", desc="fuzzing", file=sys.stderr,
