@@ -74,13 +74,16 @@ def save(gguf: Path, tokenizer: Any) -> None:
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
-        tokenizer.save_pretrained(str(staging))
-        try:
-            os.rename(staging, target)  # atomic: a reader sees all of it or nothing
-        except OSError:  # another process saved it first
-            shutil.rmtree(staging, ignore_errors=True)
     except OSError as exc:
         logger.info("%s's tokenizer is not cached (%s)", gguf.name, exc)
+        return
+    try:
+        tokenizer.save_pretrained(str(staging))
+        os.rename(staging, target)  # atomic: a reader sees all of it or nothing
+    except OSError as exc:  # a full disk, or another process saved it first
+        shutil.rmtree(staging, ignore_errors=True)
+        if not target.is_dir():
+            logger.info("%s's tokenizer is not cached (%s)", gguf.name, exc)
         return
     prune(target.parent)
 

@@ -32,6 +32,16 @@ static inline int window_blocks(int64_t blocks, int64_t w) {
     return blocks - w * WINDOW < WINDOW ? (int)(blocks - w * WINDOW) : WINDOW;
 }
 
+#if defined(__AVX512BW__)
+/* One step's 4-bit bytes (low lanes' codes | high lanes' << 4) as 64 codes a byte each, in
+ * the input's lane order: the low nibbles, then the high ones. */
+static inline __m512i split_nibbles(__m256i v) {
+    const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+    return _mm512_and_si512(_mm512_srlv_epi16(_mm512_broadcast_i64x4(v), shift),
+                            _mm512_set1_epi8(0x0f));
+}
+#endif
+
 /* A 4-bit row's codes a byte each, each window laid out as 8-bit codes are (per step the low
  * lanes' 4 * half bytes, then the high lanes'): a prefill's row then feeds its many input rows
  * by plain loads, not a shift and a mask each time (quant_matmul.c). */
@@ -45,10 +55,8 @@ static inline void unpack_row(const uint8_t *packed, uint8_t *out, int64_t K) {
             int j = 0;
 #if defined(__AVX512BW__)
             if (n == 32) { /* a whole window's step: both halves of the codes in one store */
-                const __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(src + t * n)));
-                const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
-                _mm512_storeu_si512(dst + t * 2 * n,
-                                    _mm512_and_si512(_mm512_srlv_epi16(v, shift), _mm512_set1_epi8(0x0f)));
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(src + t * n));
+                _mm512_storeu_si512(dst + t * 2 * n, split_nibbles(v));
                 continue;
             }
 #endif

@@ -104,11 +104,8 @@ static inline __m512 lanes16(const void *s, int64_t b0, int half, int f16) {
 
 /* One window step's 64 codes, lanes as the input's. */
 static inline __m512i codes4(const uint8_t *p, int half) {
-    const __m256i v = half == 8 ? _mm256_loadu_si256((const __m256i *)p)
-                                : _mm256_maskz_loadu_epi8((__mmask32)((1ull << (4 * half)) - 1u), p);
-    const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
-    return _mm512_and_si512(_mm512_srlv_epi16(_mm512_broadcast_i64x4(v), shift),
-                            _mm512_set1_epi8(0x0f));
+    return split_nibbles(half == 8 ? _mm256_loadu_si256((const __m256i *)p)
+                                   : _mm256_maskz_loadu_epi8((__mmask32)((1ull << (4 * half)) - 1u), p));
 }
 
 static inline __m512i codes8(const uint8_t *p, int half) {
