@@ -16,9 +16,11 @@ seed); the KV cache's invariants are checked after every step. Findings
 workload, printed, and written to `--out` as JSON for `--replay`. The table
 says what was exercised per architecture. Engines run the default (fast) float32
 matmuls; `KVSERVE_EXACT=1` fuzzes the exact mode; `--dtype bfloat16` the bfloat16 engines
-(kvserve's AVX-512 BF16 kernels where the CPU has them) with a wider tie
-(tests/fuzz/differential.py's TIE_BFLOAT16). Packed weights (`--archs
-llama-int4,qwen2-int8`) run by name only, with a wider tie (tests/fuzz/models.py says why).
+(kvserve's AVX-512 BF16 kernels where the CPU has them) with a wider tie and the other
+rows' kernels as a second reference (tests/fuzz/differential.py's TIE_BFLOAT16), over the
+architectures without experts unless named (tests/fuzz/models.py's BFLOAT16_ARCHS).
+Packed weights (`--archs llama-int4,qwen2-int8`) run by name only, with a wider tie
+(tests/fuzz/models.py says why).
 """
 
 from __future__ import annotations
@@ -67,8 +69,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="findings with their minimal workloads (written only if any)")  # fmt: skip
     p.add_argument("--replay", type=Path, help="run the workloads of a findings file again")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
-                   help="the engines' dtype (bfloat16: its fast kernels, a wider tie; "
-                        "give a replay the campaign's)")  # fmt: skip
+                   help="the engines' dtype (bfloat16: its fast kernels, a wider tie, no "
+                        "experts unless named; give a replay the campaign's)")  # fmt: skip
     args = p.parse_args(argv)
     if args.minutes <= 0:
         p.error("--minutes must be positive")
@@ -82,10 +84,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from tests.fuzz.campaign import run_campaign
     from tests.fuzz.differential import References, run_workload
-    from tests.fuzz.models import FUZZ_ARCHS, QUANTIZED_ARCHS, fuzz_checkpoints
+    from tests.fuzz.models import BFLOAT16_ARCHS, FUZZ_ARCHS, QUANTIZED_ARCHS, fuzz_checkpoints
     from tests.fuzz.workloads import Workload
 
-    archs = [a for a in args.archs.split(",") if a] or FUZZ_ARCHS
+    default = BFLOAT16_ARCHS if args.dtype == "bfloat16" else FUZZ_ARCHS
+    archs = [a for a in args.archs.split(",") if a] or default
     known = [*FUZZ_ARCHS, *QUANTIZED_ARCHS]
     unknown = sorted(set(archs) - set(known))
     if unknown:
@@ -97,8 +100,9 @@ def main(argv: list[str] | None = None) -> int:
             saved = json.loads(args.replay.read_text())  # findings, or one shrunk workload
             rows = saved if isinstance(saved, list) else [{"workload": saved}]
             workloads = [Workload.from_json(f["workload"]) for f in rows]
+            dtype = saved.get("dtype", args.dtype) if isinstance(saved, dict) else args.dtype
             refs = References(fuzz_checkpoints(root, sorted({w.arch for w in workloads})),
-                              args.dtype)  # fmt: skip
+                              dtype)  # fmt: skip
             for w in workloads:
                 findings = run_workload(w, refs)
                 print(f"{w.arch}: " + ("; ".join(map(str, findings)) or "no finding"))

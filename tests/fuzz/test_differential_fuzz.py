@@ -21,18 +21,27 @@ CI_SECONDS = 30
 
 
 @pytest.fixture(scope="module")
-def references(tmp_path_factory: pytest.TempPathFactory) -> References:
-    return References(fuzz_checkpoints(shared_dir(tmp_path_factory)))
+def references(tmp_path_factory: pytest.TempPathFactory) -> dict[str, References]:
+    """Per dtype (a shrunk workload's "dtype", float32 unless it says), built on first use."""
+
+    class ByDtype(dict[str, References]):
+        def __missing__(self, dtype: str) -> References:
+            self[dtype] = References(fuzz_checkpoints(shared_dir(tmp_path_factory)), dtype)
+            return self[dtype]
+
+    return ByDtype()
 
 
 SHRUNK = Path(__file__).parent / "shrunk"
-"""The minimal workloads of what the fuzzer found (each file says why it is there)."""
+"""The minimal workloads of what the fuzzer found (each file says why it is there; the
+bfloat16 ones are rounding that the ties must keep out, not faults that were fixed)."""
 
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in SHRUNK.glob("*.json")))
-def test_shrunk_findings_stay_fixed(references: References, name: str) -> None:
-    workload = Workload.from_json(json.loads((SHRUNK / f"{name}.json").read_text()))
-    findings = run_workload(workload, references)
+def test_shrunk_findings_stay_fixed(references: dict[str, References], name: str) -> None:
+    saved = json.loads((SHRUNK / f"{name}.json").read_text())
+    workload = Workload.from_json(saved)
+    findings = run_workload(workload, references[saved.get("dtype", "float32")])
     assert not findings, "\n".join(map(str, findings))
 
 
