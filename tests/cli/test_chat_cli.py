@@ -44,6 +44,7 @@ def test_turns_keep_the_conversation_and_hit_the_prefix_cache(demo):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_model_without_a_chat_template_is_one_line(checkpoints):
     # --log-level warning: without it the KV cache's INFO line comes first (the model loaded).
     proc = chat(["--model", checkpoints["qwen3"].path, "--log-level", "warning"], "hi\n")

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from _cli import kvserve, one_line_error
 
 
+@pytest.mark.slow
 def test_an_unsupported_architecture_is_refused(checkpoints, tmp_path):
     config = json.loads((Path(checkpoints["qwen3"].path) / "config.json").read_text())
     proc = kvserve("kv-metadata", "--model", checkpoints["qwen3"].path)

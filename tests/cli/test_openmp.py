@@ -56,6 +56,7 @@ def test_only_the_command_itself_re_executes():
     assert not launched_as_kvserve("/srv/app/cli/__main__.py")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not TORCH_GOMP.is_file(), reason="torch without its own libgomp")
 def test_a_chosen_runtime_is_preloaded_and_said(demo_path):
     proc = generate(demo_path, "--log-level", "debug", **{ENV: str(TORCH_GOMP)})

@@ -14,6 +14,7 @@ from kvserve.cli.prompt_ids import read_prompt_token_ids
 QUIET = ("--log-level", "warning")  # stderr: the error alone, not the KV cache's INFO line
 
 
+@pytest.mark.slow
 def test_a_checkpoint_without_a_tokenizer_runs_token_ids(checkpoints, tmp_path):
     ck = checkpoints["qwen3"]
     ids = tmp_path / "ids.jsonl"
@@ -34,6 +35,7 @@ def test_a_checkpoint_without_a_tokenizer_runs_token_ids(checkpoints, tmp_path):
     one_line_error(proc, "no tokenizer", "--prompt-token-ids")
 
 
+@pytest.mark.slow
 def test_token_ids_give_what_the_text_gives(demo_path):
     tokenizer = transformers.AutoTokenizer.from_pretrained(demo_path, local_files_only=True)
     text = "The capital of France is"

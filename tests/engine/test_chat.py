@@ -92,6 +92,7 @@ def test_demo_model_is_named_not_a_silent_default(tmp_path, monkeypatch):
     assert resolve_model("some/dir").path == "some/dir"
 
 
+@pytest.mark.slow
 def test_generate_chat_cli(tmp_path, demo):
     base = [sys.executable, "-m", "kvserve.cli", "generate", "--no-progress", "--model", demo]
     args = ["--chat", "--system", "Be brief.", "--prompt", "Hi?", "--max-tokens", "3"]

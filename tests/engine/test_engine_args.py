@@ -85,6 +85,7 @@ def test_gpu_memory_utilization_outside_0_1_names_the_option(bad):
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.slow
 def test_gpu_memory_utilization_is_ignored_on_the_cpu(checkpoints):
     # The CPU pool is sized from RAM: a share of 1 % sizes it exactly as 90 % does.
     path = checkpoints["qwen3"].path

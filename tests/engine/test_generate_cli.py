@@ -98,6 +98,7 @@ def _generate_matches_transformers(model, tmp_path, name):
     assert ast.literal_eval(first.rsplit("  (", 1)[0]) == expected
 
 
+@pytest.mark.slow
 def test_generate_with_a_gemma3_checkpoint(tmp_path):
     """`kvserve generate --model DIR` on a Gemma 3 checkpoint (sliding-window groups)."""
     torch.manual_seed(0)
@@ -117,6 +118,7 @@ def test_generate_with_a_gemma3_checkpoint(tmp_path):
     _generate_matches_transformers(transformers.Gemma3ForCausalLM(config).eval(), tmp_path, "g3")
 
 
+@pytest.mark.slow
 def test_generate_with_a_bamba_checkpoint(tmp_path):
     """`kvserve generate --model DIR` on a Mamba2 hybrid (state groups, inflated blocks)."""
     torch.manual_seed(0)

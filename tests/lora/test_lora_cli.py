@@ -3,6 +3,7 @@ option (of generate's --lora, of serve's --lora-modules) is one line, exit 2."""
 
 from __future__ import annotations
 
+import pytest
 import transformers
 
 from tests.cli._cli import SMALL, kvserve, one_line_error
@@ -18,6 +19,7 @@ class _Base:
         self.hf_model = transformers.AutoModelForCausalLM.from_pretrained(path).eval()
 
 
+@pytest.mark.slow
 def test_generate_with_an_adapter_prints_peft_s_text(demo_path, tmp_path):
     adapter = make_adapter(_Base(demo_path), tmp_path / "demo-lora", seed=5)
     tokenizer = transformers.AutoTokenizer.from_pretrained(demo_path)
@@ -40,6 +42,7 @@ def test_bad_lora_options_are_one_line(checkpoints, tmp_path):
     one_line_error(kvserve(*common, "--lora", f"x={tmp_path / 'none'}"), "not a directory")
 
 
+@pytest.mark.slow
 def test_bad_lora_modules_are_one_line_before_the_engine_is_built(demo_path, tmp_path):
     serve = ("serve", "--model", demo_path, "--port", "0", "--log-level", "warning")
     one_line_error(kvserve(*serve, "--lora-modules", "no-equals"), "--lora-modules", "NAME=DIR")

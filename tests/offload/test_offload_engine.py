@@ -163,6 +163,7 @@ def test_corrupt_files_are_misses_never_wrong_tokens(checkpoints, tmp_path):
     assert not truncated.exists() or truncated.stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_two_processes_share_one_directory(checkpoints, tmp_path):
     ck = checkpoints["qwen3"]
     offload = f"disk:{tmp_path / 'kv'}:64MiB"

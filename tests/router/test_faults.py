@@ -24,6 +24,7 @@ def kv_metadata(replica) -> dict:
     return httpx.get(f"{replica.url}/kv-metadata", timeout=10).json()
 
 
+@pytest.mark.slow
 def test_a_request_dropped_before_its_first_byte_is_sent_again_elsewhere(replica):
     broken = StandIn({**kv_metadata(replica), "kv_events": None})
     router = None

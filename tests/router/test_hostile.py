@@ -138,6 +138,7 @@ def test_a_draining_replicas_503_goes_elsewhere_and_it_gets_nothing_new(demo):
         stop_all(router, other, draining)
 
 
+@pytest.mark.slow
 def test_a_client_that_leaves_has_its_request_aborted_on_the_replica(replica):
     router = start_router([replica])
     try:

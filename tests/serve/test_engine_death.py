@@ -12,6 +12,7 @@ import threading
 import time
 
 import httpx
+import pytest
 
 from tests._ports import free_port
 from tests.serve.conftest import ENGINE, Server, wait_healthy
@@ -35,6 +36,7 @@ sys.exit(main())
 """
 
 
+@pytest.mark.slow
 def test_the_engine_thread_dying_fails_everything_and_exits_non_zero(demo):
     port = free_port()
     engine = [f"--{k.replace('_', '-')}={v}" for k, v in ENGINE.items()]

@@ -65,6 +65,7 @@ def test_kept_fields_are_held_to_openais_bounds(keyed, extra, param, words):
     assert words in refused(respond(keyed, **extra), param)
 
 
+@pytest.mark.slow
 def test_refused_metadata_leaves_no_memory_behind(keyed):
     """Five 500,000-key bodies (each ~61 MB if it were kept): memory stays near its start."""
     with open(f"/proc/{keyed.proc.pid}/status") as status:

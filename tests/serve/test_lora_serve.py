@@ -151,6 +151,7 @@ def test_kv_metadata_lists_each_adapter_s_identity(setup):
     assert a.startswith("lora-sha256:") and b.startswith("lora-sha256:") and a != b
 
 
+@pytest.mark.slow
 def test_load_while_a_request_runs_then_unload(setup, client):
     a_runs = _stream(setup, "adapter-a", tokens=1000)  # outlasts the load and the scrape
     path = setup.adapters["adapter-c"].path

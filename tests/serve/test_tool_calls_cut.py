@@ -50,6 +50,7 @@ def pairs(calls: list[Any]) -> list[tuple[str, str]]:
     return [(c.function.name, c.function.arguments) for c in calls or []]
 
 
+@pytest.mark.slow
 def test_chat_keeps_every_complete_call_of_a_cut_answer(openai_client):
     longest = chat(openai_client, max_tokens=LONGEST, logit_bias=BIAS).choices[0]
     every = pairs(longest.message.tool_calls)

@@ -128,6 +128,7 @@ def test_loading_the_kernels_keeps_the_process_subnormals(tmp_path):
     assert (python_keeps, torch_keeps) == ("True", "True"), done.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not PORTABLE, reason="-mno-avx512f is an x86 flag")
 def test_extra_compile_flags_build_the_kernels_as_for_an_older_cpu(tmp_path, monkeypatch):
     """KVSERVE_KERNEL_CFLAGS=-mno-avx512f: another library (its own cache key), as an
