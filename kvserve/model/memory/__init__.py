@@ -1,5 +1,6 @@
 """The KV pool's memory: layers grouped into KV cache groups, each layer's view into the
-shared tensors, the pool's budget and size, scratch steps, warm-up, KV bytes for the tiers.
+shared tensors, the pool's budget and size, scratch steps, warm-up, KV bytes for the tiers;
+and, on the CPU, the weights' pages.
 
 Imports of other model rooms: `checkpoint` (the config, the path) and `layers.mamba2`
 (a state page's shapes).
@@ -18,4 +19,5 @@ Files:
     warmup.py       dummy prefills and decodes of bucketed sizes at start (accelerators)
     kv_io.py        a block's K/V as bytes for the external tiers, and the checkpoint's
                     fingerprint that keys them
+    huge_pages.py   a CPU model's weights copied once onto 2 MiB pages after loading
 """
