@@ -26,7 +26,7 @@ import ctypes.util
 import logging
 import os
 from collections.abc import Callable
-from typing import cast
+from typing import Any, cast
 
 log = logging.getLogger(__name__)
 
@@ -65,18 +65,39 @@ def _apply(env: os._Environ[str] | dict[str, str]) -> bool:
     return ok
 
 
+def give_back_freed_memory() -> bool:
+    """glibc's malloc_trim(0): the heap's free pages go back to the kernel, once. Called after
+    a load that freed large blocks for good (the weights' copies left behind when they move
+    to huge pages, kvserve.model.memory.huge_pages), which the raised trim threshold would
+    keep mapped: the default model's resident memory was 606 MB larger without it."""
+    trim = _glibc_function("malloc_trim")
+    if trim is None:
+        return False
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return bool(trim(0))
+
+
 def _glibc_mallopt() -> Callable[[int, int], int] | None:
     """glibc's mallopt(int, int), or None where the C library is not glibc."""
+    mallopt = _glibc_function("mallopt")
+    if mallopt is None:
+        return None
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    return cast(Callable[[int, int], int], mallopt)
+
+
+def _glibc_function(symbol: str) -> Any:
+    """A function of glibc, or None where the C library is not glibc (musl's mallopt and
+    malloc_trim do nothing)."""
     name = ctypes.util.find_library("c")
     if name is None:
         return None
     try:
         libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
-        if not hasattr(libc, "gnu_get_libc_version"):  # musl's mallopt does nothing
+        if not hasattr(libc, "gnu_get_libc_version"):
             return None
+        return getattr(libc, symbol)
     except (OSError, AttributeError):
         return None
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    mallopt.restype = ctypes.c_int
-    return cast(Callable[[int, int], int], mallopt)

@@ -99,6 +99,7 @@ def load_model(
     else:
         state = _safetensors_state_dict(checkpoint.directory, expected, config, dtype, device)
     model.load_state_dict(state, strict=True, assign=True)
+    del state  # the model holds each tensor now: one the packing replaces is freed with it
     fuse_projections(model)  # q/k/v and gate/up as one matmul each, before any packing
     if quantization in ("int8", "int4"):
         summary = quantize_model(model, quantization)

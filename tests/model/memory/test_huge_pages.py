@@ -4,6 +4,7 @@ model computes the same on them."""
 
 from __future__ import annotations
 
+import gc
 import mmap
 import re
 from pathlib import Path
@@ -13,6 +14,7 @@ import torch
 from torch import nn
 
 from kvserve import LLM, SamplingParams
+from kvserve.model.cpu_malloc import keep_freed_memory
 from kvserve.model.memory import huge_pages
 from kvserve.model.memory.huge_pages import PAGE, move_weights_to_huge_pages
 
@@ -121,3 +123,25 @@ def test_a_refused_mapping_or_advice_leaves_the_weights_where_they_are(
     model = Weights()
     where = model.big.data_ptr()
     assert move_weights_to_huge_pages(model) == 0 and model.big.data_ptr() == where
+
+
+def resident_anon_kib() -> int:
+    status = Path("/proc/self/status").read_text()
+    found = re.search(r"^RssAnon:\s+(\d+) kB", status, re.M)
+    return int(found.group(1)) if found else 0
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="no /proc here")
+def test_the_old_copies_go_back_to_the_kernel() -> None:
+    """Tensors under glibc's raised mmap threshold live in its heap, which the raised trim
+    threshold keeps mapped when they are freed: the move hands them back, so the weights
+    are resident once, not twice."""
+    keep_freed_memory()  # as every CPU engine does
+    model = nn.Module()
+    for i in range(64):  # 256 MiB in blocks of 4 MiB, each under the 32 MiB threshold
+        model.register_buffer(f"w{i}", torch.ones(MiB))
+    before = resident_anon_kib()
+    assert move_weights_to_huge_pages(model) == 256 * MiB
+    gc.collect()
+    grown_mib = (resident_anon_kib() - before) / 1024
+    assert grown_mib < 64, f"resident memory grew by {grown_mib:.0f} MiB moving 256 MiB"
