@@ -34,6 +34,7 @@ from kvserve.model.checkpoint.gguf_file import open_gguf
 from kvserve.model.checkpoint.gguf_weights import gguf_state_dict, locate_tensors
 from kvserve.model.checkpoint.resolve import resolve_checkpoint
 from kvserve.model.checkpoint.weight_check import check_weights
+from kvserve.model.cpu_malloc import give_back_freed_memory
 from kvserve.model.memory.huge_pages import move_weights_to_huge_pages
 from kvserve.model.models import DecoderForCausalLM, model_class
 from kvserve.model.quant.fusion import fuse_projections
@@ -112,7 +113,7 @@ def load_model(
         pack_linears(model, dtype)
     model.requires_grad_(False)
     if device.type == "cpu":  # decode reads every weight a step: no TLB miss every 4 KiB
-        move_weights_to_huge_pages(model)
+        move_weights_to_huge_pages(model, give_back_freed_memory)
     model.eval()
     model.init_rotary(device)
     return model, config

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from kvserve import LLM, SamplingParams
-from kvserve.model.cpu_malloc import keep_freed_memory
+from kvserve.model.cpu_malloc import give_back_freed_memory, keep_freed_memory
 from kvserve.model.memory import huge_pages
 from kvserve.model.memory.huge_pages import PAGE, move_weights_to_huge_pages
 
@@ -141,7 +141,7 @@ def test_the_old_copies_go_back_to_the_kernel() -> None:
     for i in range(64):  # 256 MiB in blocks of 4 MiB, each under the 32 MiB threshold
         model.register_buffer(f"w{i}", torch.ones(MiB))
     before = resident_anon_kib()
-    assert move_weights_to_huge_pages(model) == 256 * MiB
+    assert move_weights_to_huge_pages(model, give_back_freed_memory) == 256 * MiB
     gc.collect()
     grown_mib = (resident_anon_kib() - before) / 1024
     assert grown_mib < 64, f"resident memory grew by {grown_mib:.0f} MiB moving 256 MiB"
