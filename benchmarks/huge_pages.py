@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import statistics
 import time
 from pathlib import Path
@@ -26,16 +25,10 @@ from cpu_real import prompts
 from machine import machine_line
 
 
-def thp_mode() -> str:
-    path = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-    found = re.search(r"\[(\w+)\]", path.read_text()) if path.exists() else None
-    return found.group(1) if found else "not available"
-
-
 def main() -> int:
     from kvserve import LLM, SamplingParams
     from kvserve.default_model import default_model_path
-    from kvserve.model.memory.huge_pages import ENV
+    from kvserve.model.memory.huge_pages import ENV, transparent_huge_pages
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default=str(default_model_path()))
@@ -49,7 +42,7 @@ def main() -> int:
     requests = prompts(quick=False)[0][: args.prompts]
     params = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
     made = len(requests) * args.tokens
-    print(f"{machine_line(args.threads)}; transparent huge pages: {thp_mode()}")
+    print(f"{machine_line(args.threads)}; transparent huge pages: {transparent_huge_pages()}")
     print(f"{Path(args.model).name}, quantization {args.quantization}, {len(requests)} "
           f"chats x {args.tokens} tokens one at a time, {args.rounds} rounds, output tok/s "
           f"(median):")  # fmt: skip

@@ -66,8 +66,8 @@ def _apply(env: os._Environ[str] | dict[str, str]) -> bool:
 
 
 def give_back_freed_memory() -> bool:
-    """glibc's malloc_trim(0): the heap's free pages go back to the kernel, once. Called after
-    a load that freed large blocks for good (the weights' copies left behind when they move
+    """glibc's malloc_trim(0): the heap's free pages go back to the kernel. Called while
+    a load frees large blocks for good (the weights' copies left behind when they move
     to huge pages, kvserve.model.memory.huge_pages), which the raised trim threshold would
     keep mapped: the default model's resident memory was 606 MB larger without it."""
     trim = _glibc_function("malloc_trim")

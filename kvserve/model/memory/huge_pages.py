@@ -29,7 +29,9 @@ import ctypes
 import logging
 import mmap
 import os
+import re
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -85,33 +87,46 @@ def move_weights_to_huge_pages(
     moved: dict[int, torch.Tensor] = {}  # old storage address -> its new tensor
     parameters: dict[int, nn.Parameter] = {}  # a tied parameter stays one object
     total = trimmed = 0
-    for module in model.modules():
-        for kind in ("_parameters", "_buffers"):
-            slots: dict[str, torch.Tensor | None] = getattr(module, kind)
-            for name, tensor in slots.items():
-                if tensor is None or not _movable(tensor):
-                    continue
-                key = tensor.data_ptr()
-                if key not in moved:
-                    fresh = huge_empty_like(tensor)
-                    if fresh is None:
-                        return total
-                    fresh.copy_(tensor.detach())
-                    moved[key] = fresh
-                    total += fresh.numel() * fresh.element_size()
-                    if total - trimmed >= TRIM_EVERY:
-                        give_back()
-                        trimmed = total
-                if isinstance(tensor, nn.Parameter):
-                    if id(tensor) not in parameters:
-                        parameters[id(tensor)] = nn.Parameter(moved[key], tensor.requires_grad)
-                    slots[name] = parameters[id(tensor)]
-                else:
-                    slots[name] = moved[key]
+    for slots, name, tensor in _movable_slots(model):
+        key = tensor.data_ptr()
+        if key not in moved:
+            fresh = huge_empty_like(tensor)
+            if fresh is None:  # refused: the rest stays where it is
+                break
+            fresh.copy_(tensor.detach())
+            moved[key] = fresh
+            total += fresh.numel() * fresh.element_size()
+            if total - trimmed >= TRIM_EVERY:
+                give_back()
+                trimmed = total
+        if isinstance(tensor, nn.Parameter):
+            if id(tensor) not in parameters:
+                parameters[id(tensor)] = nn.Parameter(moved[key], tensor.requires_grad)
+            slots[name] = parameters[id(tensor)]
+        else:
+            slots[name] = moved[key]
     if total:  # the old copies, freed, go back to the kernel rather than stay in the heap
         give_back()
         log.info("weights: %.0f MB on 2 MiB pages (%s=0: 4 KiB pages)", total / 1e6, ENV)
     return total
+
+
+def _movable_slots(model: nn.Module) -> list[tuple[dict, str, torch.Tensor]]:
+    """(the module's parameter or buffer dict, the name, the tensor) of each tensor to move."""
+    return [
+        (slots, name, tensor)
+        for module in model.modules()
+        for slots in (module._parameters, module._buffers)
+        for name, tensor in slots.items()
+        if tensor is not None and _movable(tensor)
+    ]
+
+
+def transparent_huge_pages() -> str:
+    """The kernel's mode (`always`, `madvise`, `never`), or "not available" (not Linux)."""
+    path = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    found = re.search(r"\[(\w+)\]", path.read_text()) if path.exists() else None
+    return found.group(1) if found else "not available"
 
 
 def _movable(tensor: torch.Tensor) -> bool:

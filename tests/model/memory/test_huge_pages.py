@@ -16,7 +16,11 @@ from torch import nn
 from kvserve import LLM, SamplingParams
 from kvserve.model.cpu_malloc import give_back_freed_memory, keep_freed_memory
 from kvserve.model.memory import huge_pages
-from kvserve.model.memory.huge_pages import PAGE, move_weights_to_huge_pages
+from kvserve.model.memory.huge_pages import (
+    PAGE,
+    move_weights_to_huge_pages,
+    transparent_huge_pages,
+)
 
 MiB = 1 << 20
 pytestmark = pytest.mark.skipif(not huge_pages.available(), reason="no MADV_HUGEPAGE here")
@@ -60,12 +64,6 @@ def test_off_with_the_environment_variable(monkeypatch: pytest.MonkeyPatch) -> N
     assert move_weights_to_huge_pages(model) == 0 and model.big.data_ptr() == where
 
 
-def thp_mode() -> str:
-    path = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-    found = re.search(r"\[(\w+)\]", path.read_text()) if path.exists() else None
-    return found.group(1) if found else "never"
-
-
 def anon_huge_kib(address: int) -> int:
     """AnonHugePages of the mapping of this process that holds `address`."""
     inside = False
@@ -78,10 +76,12 @@ def anon_huge_kib(address: int) -> int:
     return 0
 
 
-@pytest.mark.skipif(thp_mode() == "never", reason="transparent huge pages are off here")
+@pytest.mark.skipif(
+    transparent_huge_pages() == "never", reason="transparent huge pages are off here"
+)
 def test_the_kernel_backs_moved_weights_with_huge_pages() -> None:
     model = Weights()
-    assert anon_huge_kib(model.big.data_ptr()) == 0 or thp_mode() == "always"
+    assert anon_huge_kib(model.big.data_ptr()) == 0 or transparent_huge_pages() == "always"
     move_weights_to_huge_pages(model)
     assert anon_huge_kib(model.big.data_ptr()) >= 2048
 
