@@ -152,31 +152,39 @@ class BlockPool:
         parent_cache_id: int,
     ) -> int:
         """Index consecutive blocks of one request under `hashes`, pending until the
-        step ends; each is chained to the one before it (the first to
-        `parent_cache_id`). `token_ids` covers the run; the first block's extra
-        keys are `first_extra`, the others' `extra`. Returns the last cache id."""
+        step ends, up to the first hash the index already holds (another block's, or an
+        earlier one of this run's: only a collision repeats one); each is chained to the
+        one before it (the first to `parent_cache_id`). `token_ids` covers the run; the
+        first block's extra keys are `first_extra`, the others' `extra`. Returns how many
+        were indexed: the caller handles the block that stopped the run.
+
+        One probe a block: inserting with setdefault is also the check, where a check of
+        the whole run first, then an update, probed the index twice (on long prompts the
+        index outgrows the caches, and a probe is a cache miss)."""
         width = len(token_ids) // len(blocks)
+        insert = self.index[group].setdefault
         parent = parent_cache_id
-        first = self._next_cache_id
-        for block, block_hash, cache_id, at in zip(
-            blocks,
-            hashes,
-            range(first, first + len(blocks)),
-            range(0, len(token_ids), width),
-            strict=True,
+        cache_id = self._next_cache_id
+        count = 0
+        for block, block_hash, at in zip(
+            blocks, hashes, range(0, len(token_ids), width), strict=True
         ):
+            if insert(block_hash, block) is not block:
+                break
             block.block_hash = block_hash
             block.group = group
             block.token_ids = token_ids[at : at + width]
             block.extra = extra
             block.parent_cache_id = parent
             block.cache_id = parent = cache_id
-        # computed stays False until end_step; the loop checked the lengths
-        self.index[group].update(zip(hashes, blocks, strict=False))
-        blocks[0].extra = first_extra
-        self._next_cache_id = first + len(blocks)
-        self.pending.extend(blocks)
-        return parent
+            cache_id += 1
+            count += 1
+        # computed stays False until end_step
+        if count:
+            blocks[0].extra = first_extra
+            self.pending.extend(blocks[:count])
+        self._next_cache_id = cache_id
+        return count
 
     def register_entry(
         self,

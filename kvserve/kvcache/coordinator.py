@@ -67,6 +67,10 @@ class Coordinator:
         self.pool = pool
         self.groups = groups
         self.stats = KVCacheStats()
+        self.in_place_decodes = False
+        """True when a step's tokens inside blocks the request holds, filling none, need
+        nothing from `allocate`: no window slides past a block, no state is snapshotted
+        (KVCacheManager.allocate_slots then skips it)."""
         self.empty_hit = PrefixHit([[] for _ in groups], 0)
         self._merging: list[CacheSequence] = []
         self._release_order: list[Any] = list(groups)
@@ -185,6 +189,7 @@ class AttentionCoordinator(Coordinator):
         self._windowed = [g for g in groups if g is not self._anchor]
         self._has_windows = any(isinstance(g, SlidingWindowGroup) for g in groups)
         self._tables_have_nulls = self._has_windows
+        self.in_place_decodes = not self._has_windows
         # free() releases the anchor group last, so an anchor is never evicted before
         # the window blocks verified against it (a stale anchor breaks later caching).
         self._release_order = sorted(groups, key=lambda g: g is self._anchor)

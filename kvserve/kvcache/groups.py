@@ -186,18 +186,12 @@ class FullAttentionGroup:
                 pool.uncache(existing)
                 existing = None
             if existing is None:
-                # New content, usually a long run of it (a prompt's blocks): one call.
-                j = i + 1
-                if anchors is None and j < end:  # (a decode fills one block at a time)
-                    if index.keys().isdisjoint(hashes[j:end]):
-                        j = end  # the common case, in one C-level pass
-                    else:
-                        while j < end and hashes[j] not in index:
-                            j += 1
-                    j = self._without_repeats(hashes, i, j)
+                # New content, usually a long run of it (a prompt's blocks): one call,
+                # which stops at the first hash already indexed (handled below, next turn).
+                j = end if anchors is None else i + 1  # windows verify block by block
                 # The tokens as hashed (bytes): the collector never scans cached blocks.
                 run_tokens = bytes(packed[i * width : j * width])
-                parent = pool.register_run(
+                j = i + pool.register_run(
                     group_id,
                     held[i:j],
                     hashes[i:j],
@@ -206,6 +200,7 @@ class FullAttentionGroup:
                     other_extra,
                     parent,
                 )
+                parent = held[j - 1].cache_id
                 if events is not None:
                     events.stored(group_id, seq, i, tokens[i * bs : j * bs], j)
                 ids.extend(range(parent - (j - i) + 1, parent + 1))
@@ -229,20 +224,6 @@ class FullAttentionGroup:
             ids.append(parent)
             i += 1
         return ids
-
-    @staticmethod
-    def _without_repeats(hashes: list[bytes], i: int, j: int) -> int:
-        """End of the longest run from `i` in which no hash repeats (only a collision
-        repeats one: the repeat is then handled block by block)."""
-        run = hashes[i:j]
-        if len(set(run)) == len(run):
-            return j
-        seen: set[bytes] = set()
-        for k, block_hash in enumerate(run):
-            if block_hash in seen:
-                return i + k
-            seen.add(block_hash)
-        return j
 
 
 class SlidingWindowGroup(FullAttentionGroup):

@@ -87,3 +87,30 @@ def test_offloadable_blocks_stop_at_a_broken_chain():
     off.add_request("a", list(range(10)))
     assert off.allocate_slots("a", 10, 0)
     assert off.step_plan("a").num_cacheable_blocks == 0
+
+
+@pytest.mark.parametrize("groups", [("full",), ("full", "full"), ("full", "sliding:6")])
+def test_a_decode_inside_its_block_plans_what_the_coordinator_would(groups):
+    """allocate_slots answers a decode token inside the block it fills without the
+    coordinator (no block taken, none registered): every plan and table must be the one
+    the coordinator gives. Two identical requests, so blocks also merge after steps."""
+    fast, slow = manager(groups), manager(groups)
+    slow._in_place_decodes = False  # the coordinator for every allocation
+    assert fast._in_place_decodes == ("sliding:6" not in groups)
+    for m in (fast, slow):
+        for rid in ("a", "b"):
+            m.add_request(rid, list(range(1, 8)))
+    computed = {"a": 0, "b": 0}
+    for step in range(14):
+        for rid in ("a", "b"):
+            new = 7 if step == 0 else 1
+            for m in (fast, slow):
+                assert m.allocate_slots(rid, new, computed[rid])
+            assert fast.step_plan(rid) == slow.step_plan(rid)
+            assert fast.block_ids(rid) == slow.block_ids(rid)
+            computed[rid] += new
+        for m in (fast, slow):
+            m.end_step()
+            for rid in ("a", "b"):
+                m.sequence(rid).token_ids.append(100 + step)
+    assert fast.pool.free_block_ids() == slow.pool.free_block_ids()

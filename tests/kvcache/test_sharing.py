@@ -333,3 +333,28 @@ def test_salt_and_lora_separate_tenants():
         ).digest()
     )
     assert next_token(prompt) == next_token(list(prompt))
+
+
+def test_a_run_is_indexed_up_to_the_first_hash_the_index_holds():
+    """register_run's insert is its check: it stops at a hash already indexed, or one the
+    run repeats, and indexes nothing from there (the caller verifies that block alone)."""
+    from kvserve.kvcache.block_pool import BlockPool
+
+    pool = BlockPool(8)
+    blocks = pool.take(6)
+    tokens = bytes(range(24))  # 4 bytes a block
+    assert pool.register_run(0, blocks[:2], [b"a", b"b"], tokens[:8], b"F", b"x", 0) == 2
+    assert [b.cache_id for b in blocks[:2]] == [1, 2]
+    assert blocks[0].extra == b"F" and blocks[1].extra == b"x"
+    # "b" is indexed (blocks[1]): a run through it indexes the blocks before it only
+    assert pool.register_run(0, blocks[2:5], [b"c", b"b", b"d"], tokens[8:20], b"", b"", 2) == 1
+    assert pool.index[0] == {b"a": blocks[0], b"b": blocks[1], b"c": blocks[2]}
+    assert (blocks[2].parent_cache_id, blocks[2].cache_id) == (2, 3)
+    assert blocks[2].token_ids == tokens[8:12]
+    assert blocks[3].block_hash is None and blocks[4].block_hash is None
+    # a hash the run repeats stops it too (only a collision repeats one)
+    assert pool.register_run(0, blocks[3:6], [b"e", b"f", b"e"], tokens[12:24], b"", b"", 0) == 2
+    assert pool.index[0][b"e"] is blocks[3] and pool.index[0][b"f"] is blocks[4]
+    assert blocks[5].block_hash is None
+    assert pool.pending == blocks[:5]  # computed at end_step, the stopped ones never
+    assert [b.cache_id for b in blocks[3:5]] == [4, 5]
