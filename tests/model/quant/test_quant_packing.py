@@ -20,11 +20,13 @@ from kvserve.model.cpu_kernels import quant_matmul
 from kvserve.model.quant.gguf_blocks import int4_blocks, int4_linear, keeps_blocks
 from kvserve.model.quant.quant_linear import (
     DENSE_ROWS,
+    DENSE_ROWS_LONG_FLOAT32,
     DENSE_ROWS_ON_TILES,
     Int4Linear,
     Int8Linear,
     dense_rows,
     fits,
+    long_rows,
 )
 from kvserve.model.quant.quantize import check_quantization
 from tests.model.gguf_files import encode
@@ -114,7 +116,7 @@ def integer_kernel():
 def test_many_rows_multiply_the_dequantized_weights(dtype, integer_kernel):
     """From DENSE_ROWS rows the input keeps its float values: the dtype's own matmul by the
     same weights (columns in the packed order, the sums in another order: float rounding)."""
-    assert dense_rows(dtype) == DENSE_ROWS[dtype]
+    assert dense_rows(dtype, 576) == DENSE_ROWS[dtype]
     linear = random_linear(40, 576)
     rows = DENSE_ROWS[dtype]
     x = torch.randn(rows + 3, 576).to(dtype)
@@ -138,6 +140,26 @@ def test_many_rows_multiply_the_dequantized_weights(dtype, integer_kernel):
         ).all()
 
 
+def test_long_float32_rows_stay_on_the_integer_kernel_on_avx512(integer_kernel):
+    """float32 layers of long rows keep the integer kernel to DENSE_ROWS_LONG_FLOAT32 rows
+    where it runs AVX-512 VNNI (there it beats the dense float32 matmul far longer): the
+    bits of the kernel itself, row for row; short rows and bfloat16 keep DENSE_ROWS."""
+    assert [long_rows(k) for k in (576, 896, 1024, 4864, 8192)] == [False, True, True, True, True]
+    if integer_kernel.path != "avx512-vnni":
+        assert dense_rows(torch.float32, 1024) == DENSE_ROWS[torch.float32]
+        pytest.skip(f"the kernel runs {integer_kernel.path} here")
+    assert dense_rows(torch.float32, 1024) == DENSE_ROWS_LONG_FLOAT32 > DENSE_ROWS[torch.float32]
+    assert dense_rows(torch.float32, 576) == DENSE_ROWS[torch.float32]
+    assert dense_rows(torch.bfloat16, 1024) == DENSE_ROWS[torch.bfloat16]
+    packed = Int4Linear.quantize(random_linear(40, 1024).weight, None)
+    x = torch.randn(DENSE_ROWS[torch.float32] + 5, 1024)
+    with torch.inference_mode():
+        many = packed(x)
+        alone = torch.cat([packed(x[i : i + 1]) for i in range(0, len(x), 37)])
+    assert torch.equal(many[::37], alone)  # no float matmul's blocking: the kernel's bits
+    assert torch.equal(many, integer_kernel(x, packed.codes, packed.scales, packed.offsets))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rows_on_amx_tiles_in_a_layer(dtype):
     """Where the CPU has AMX, a layer's calls of the kernel's tile_rows rows or more run on
@@ -146,7 +168,7 @@ def test_rows_on_amx_tiles_in_a_layer(dtype):
     kernel = quant_matmul.kernel()
     if kernel is None or kernel.tile_rows == 0:
         pytest.skip("no AMX tiles on this CPU")
-    assert dense_rows(dtype) == DENSE_ROWS_ON_TILES[dtype] > DENSE_ROWS[dtype]
+    assert dense_rows(dtype, 576) == DENSE_ROWS_ON_TILES[dtype] > DENSE_ROWS[dtype]
     packed = Int4Linear.quantize(random_linear(40, 576).weight, None)
     x = torch.randn(kernel.tile_rows + 6, 576).to(dtype)
     weights = packed.dequantized().bfloat16().double()
