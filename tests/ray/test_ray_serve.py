@@ -109,7 +109,7 @@ def test_chats_land_where_their_history_is_and_hit_as_predicted(served, ray_clus
         assert [t[3] for t in turns] == [first_replica] * len(turns), (turns, series)
         assert all(t[2] > 0 for t in turns[1:]), turns
     assert len({turns[0][3] for turns in log}) == REPLICAS  # every replica holds some
-    assert served.total("prediction_exact_total") == 12
+    assert served.total("prediction_exact_total") == 12, series  # wrong or unverified: which
     assert served.total("prediction_wrong_total") == 0
     cached = sum(t[2] for turns in log for t in turns)
     assert served.total("predicted_hit_tokens_total") == cached
