@@ -164,8 +164,7 @@ class BlockPool:
         width = len(token_ids) // len(blocks)
         insert = self.index[group].setdefault
         parent = parent_cache_id
-        cache_id = self._next_cache_id
-        count = 0
+        first = cache_id = self._next_cache_id
         for block, block_hash, at in zip(
             blocks, hashes, range(0, len(token_ids), width), strict=True
         ):
@@ -178,8 +177,7 @@ class BlockPool:
             block.parent_cache_id = parent
             block.cache_id = parent = cache_id
             cache_id += 1
-            count += 1
-        # computed stays False until end_step
+        count = cache_id - first  # computed stays False until end_step
         if count:
             blocks[0].extra = first_extra
             self.pending.extend(blocks[:count])

@@ -133,34 +133,34 @@ class KVCacheManager:
         state groups: a Mamba state cannot be rewound past a rejected draft.
         """
         seq = self._seqs[request_id]
-        end = num_computed_tokens + num_new_tokens
-        if (  # a decode token in the block it is filling: every table and hash stays
+        start = num_computed_tokens + num_external_tokens
+        end = start + num_new_tokens + num_lookahead_tokens
+        in_place = (  # a decode token in the block it is filling: every table and hash stays
             self._in_place_decodes
             and hit is None
             and not num_lookahead_tokens
             and not num_external_tokens
             and end <= len(seq.kv_blocks[0]) * self.block_size
             and end // self.block_size <= seq.num_cached_blocks
-        ):
-            seq.step_start = num_computed_tokens
-            seq.step_tokens = num_new_tokens
-            seq.step_lookahead = 0
-            if end > seq.slot_end:
-                seq.slot_end = end
-            return True
-        if num_lookahead_tokens and self._has_state:
-            raise ValueError(
-                "draft tokens need state that can be rewound: a Mamba state group's "
-                "running state cannot take lookahead slots"
-            )
-        if not self._allocate(
-            seq, num_new_tokens, num_computed_tokens, hit, num_lookahead_tokens, num_external_tokens
-        ):
-            return False
-        seq.step_start = start = num_computed_tokens + num_external_tokens
+        )
+        if not in_place:
+            if num_lookahead_tokens and self._has_state:
+                raise ValueError(
+                    "draft tokens need state that can be rewound: a Mamba state group's "
+                    "running state cannot take lookahead slots"
+                )
+            if not self._allocate(
+                seq,
+                num_new_tokens,
+                num_computed_tokens,
+                hit,
+                num_lookahead_tokens,
+                num_external_tokens,
+            ):
+                return False
+        seq.step_start = start
         seq.step_tokens = num_new_tokens
         seq.step_lookahead = num_lookahead_tokens
-        end = start + num_new_tokens + num_lookahead_tokens
         if end > seq.slot_end:
             seq.slot_end = end
         return True
